@@ -1,0 +1,146 @@
+"""The run store's tables: one Arrow schema per table, the single source of truth for column names.
+
+Every writer (RunLogger, the W&B importer, the TRL hook) and every reader (dashboard, detector, CLI)
+uses these names. Changing a column means bumping SCHEMA_VERSION and adding a migration in
+`lld_monitor/store/migrations.py`.
+
+Conventions
+- `run_id` is a filesystem-safe id; `name` is free text (quotes, semicolons, unicode are kept as is).
+- log-probs are natural logs; Δ (displacement) = logp_new − logp_old on the same tokens
+  (negative = the likelihood fell), as in the paper's Δ_t = ln π_after − ln π_before.
+- Step signals that a run does not have are NULL, never 0.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+MODES = ("vanilla", "llds", "llds_ma", "unknown")
+SOURCES = ("local", "trl", "wandb", "verl")
+STATUSES = ("running", "finished", "crashed")
+ROLES = ("action", "tool", "answer")  # answer = action tokens inside the final <answer>...</answer> span
+SEVERITIES = ("info", "warning", "critical")
+PHASES = ("healthy", "stagnation", "decay", "collapse")
+
+# runs: one row per run (stored as the run's metadata file, exposed as a table by the reader).
+RUNS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("name", pa.string()),
+        ("mode", pa.string()),  # one of MODES
+        ("source", pa.string()),  # one of SOURCES
+        ("status", pa.string()),  # one of STATUSES
+        ("config", pa.string()),  # JSON text
+        ("model", pa.string()),
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("ended_at", pa.timestamp("us", tz="UTC")),
+        ("updated_at", pa.timestamp("us", tz="UTC")),
+        ("world_size", pa.int32()),
+        ("schema_version", pa.int32()),
+    ]
+)
+
+# steps: one row per optimizer step (written by rank 0 only in a distributed run, from all ranks' samples).
+STEP_SIGNALS: tuple[str, ...] = (
+    "reward_mean",  # mean sequence reward over the step's rollouts
+    "reward_std",
+    "accuracy",  # fraction of rollouts with reward > 0 (exact match)
+    "ll_correct_sum",  # mean over correct responses of Σ action-token ln π_old (the rollout policy)
+    "ll_correct_mean",  # same, per action token (length-normalized)
+    "ll_incorrect_sum",
+    "ll_incorrect_mean",
+    "delta_preserved",  # mean over preserved (Â ≥ 0) responses of Σ_t Δ_t (after − before, same tokens)
+    "delta_preserved_mean",  # same, length-normalized (per action token)
+    "frac_actions_displaced",  # fraction of actions of preserved responses with Σ_k Δ < 0
+    "frac_responses_displaced",  # fraction of preserved responses with Σ Δ < 0
+    "entropy",  # mean token entropy over action tokens (rollout policy)
+    "grad_norm",  # pre-clip total grad norm (mean over the step's optimizer updates)
+    "clip_frac",  # fraction of action tokens whose PPO clip was active
+    "kl",  # k3 KL to the reference, token mean
+    "pg_loss",
+    "llds_loss",  # λ · L_LLDS (0 for vanilla runs)
+    "response_length",  # mean action tokens per response
+    "searches_per_response",  # mean valid searches per response
+    "answer_prob_mean",  # mean probability of answer-span tokens
+    "lr",
+    "step_time",  # seconds for the whole step
+)
+STEPS = pa.schema(
+    [("run_id", pa.string()), ("step", pa.int64()), ("time", pa.timestamp("us", tz="UTC")), ("n_samples", pa.int32())]
+    + [(name, pa.float64()) for name in STEP_SIGNALS]
+)
+
+# metrics: long form for every scalar that is not a STEP_SIGNAL (imports lose nothing).
+METRICS = pa.schema(
+    [("run_id", pa.string()), ("step", pa.int64()), ("key", pa.string()), ("value", pa.float64())]
+)
+
+# samples: one row per rollout.
+SAMPLES = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("step", pa.int64()),
+        ("rank", pa.int32()),
+        ("sample_idx", pa.int32()),  # unique within (step, rank)
+        ("prompt_id", pa.string()),
+        ("group_id", pa.string()),
+        ("reward", pa.float64()),
+        ("advantage", pa.float64()),
+        ("correct", pa.bool_()),
+        ("n_actions", pa.int32()),
+        ("n_searches", pa.int32()),
+        ("n_action_tokens", pa.int32()),
+        ("logp_old_sum", pa.float64()),  # Σ over action tokens of ln π_old
+        ("logp_new_sum", pa.float64()),  # Σ over the same tokens of ln π after the step's last update
+        ("delta_sum", pa.float64()),  # logp_new_sum − logp_old_sum
+        ("delta_mean", pa.float64()),  # delta_sum / n_action_tokens
+        ("n_actions_displaced", pa.int32()),  # actions whose Σ Δ < 0
+        ("question", pa.string()),
+        ("gold", pa.string()),
+        ("text", pa.string()),  # the decoded response (actions and observations)
+    ]
+)
+
+# tokens: one row per response token of logged (sampled) samples; Δ is derived (logp_new − logp_old).
+TOKENS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("step", pa.int64()),
+        ("rank", pa.int32()),
+        ("sample_idx", pa.int32()),
+        ("position", pa.int32()),
+        ("token_id", pa.int32()),
+        ("token_text", pa.string()),
+        ("role", pa.string()),  # one of ROLES; tool tokens carry NULL log-probs
+        ("action_idx", pa.int32()),  # -1 for tool tokens
+        ("logp_old", pa.float32()),
+        ("logp_new", pa.float32()),
+        ("logp_ref", pa.float32()),
+        ("entropy", pa.float32()),
+    ]
+)
+
+# alerts: raised by the detector (online in the writer, or offline).
+ALERTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("step", pa.int64()),
+        ("phase", pa.string()),  # one of PHASES
+        ("severity", pa.string()),  # one of SEVERITIES
+        ("signal", pa.string()),
+        ("value", pa.float64()),
+        ("threshold", pa.float64()),
+        ("message", pa.string()),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "runs": RUNS,
+    "steps": STEPS,
+    "metrics": METRICS,
+    "samples": SAMPLES,
+    "tokens": TOKENS,
+    "alerts": ALERTS,
+}

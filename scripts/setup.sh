@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# All set-up on a fresh machine: venv, torch (CPU wheel) first, pinned requirements, the package,
+# and Debian's chromium for the browser tests. Idempotent: a second run returns in about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.lld-setup-stamp
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  # torch first and alone: the CPU wheel on this machine; anything looser pulls a CUDA build.
+  .venv/bin/pip install -q "$(grep -E '^torch==' requirements.txt)"
+  .venv/bin/pip install -q -r requirements.txt
+  .venv/bin/pip install -q --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+    || echo "setup: could not install chromium; browser tests will be skipped" >&2
+fi
