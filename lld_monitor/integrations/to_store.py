@@ -1,0 +1,359 @@
+"""Write an imported W&B run (offline file or online API) into a run store.
+
+Shared by the offline reader and the online importer. Rules:
+- every numeric history value (NaN and +/-inf included) lands in `metrics` under its W&B key, unchanged;
+  `_step` is the step axis (or `train/global_step` for runs logged by transformers' WandbCallback) and is
+  not repeated as a metric;
+- keys with a documented meaning (`mapping.KEY_MAP`) are also copied into `steps` signals;
+- rows logged for the same step are merged (later values win), so every step has one `steps` row;
+- the store run id is derived from the W&B project and run id, and the run is rewritten with
+  ``overwrite=True``: re-importing updates a run, it never duplicates it;
+- the API key is never seen here: only the run's config, history and state are written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lld_monitor.integrations import mapping
+from lld_monitor.store import schema
+
+log = logging.getLogger(__name__)
+
+BATCH_ROWS = 20_000  # history rows per append
+
+
+@dataclass
+class ImportSpec:
+    """What we know about a W&B run before reading its history."""
+
+    wandb_id: str
+    project: str | None = None
+    entity: str | None = None
+    name: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    status: str = "finished"  # one of schema.STATUSES
+    started_at: datetime | None = None
+    origin: str = ""  # a path or a URL, kept in the run's config for provenance
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ImportResult:
+    run_id: str
+    name: str
+    mode: str
+    mode_reason: str
+    family: str
+    rows: int  # history rows read
+    steps: int  # distinct steps written
+    metric_values: int  # values written to `metrics`
+    mapped: dict[str, str]  # signal -> source key
+    skipped_keys: list[str]  # non-numeric keys (media, tables, strings)
+    status: str
+    seconds: float
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["rows_per_s"] = self.rows_per_s
+        return d
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def store_run_id(project: str | None, wandb_id: str) -> str:
+    """Deterministic, filesystem-safe store id of a W&B run (same for offline and online imports)."""
+    raw = f"wandb-{project or 'noproject'}-{wandb_id}"
+    return _SAFE.sub("_", raw).strip("._") or "wandb-run"
+
+
+def _model_from_config(config: Mapping[str, Any]) -> str | None:
+    flat = mapping._walk(dict(config))
+    for name in ("model_name_or_path", "_name_or_path", "model_name", "model_id"):
+        v = mapping._find(flat, name)
+        if isinstance(v, str) and v:
+            return v
+    v = flat.get("actor_rollout_ref.model.path")
+    if isinstance(v, str):
+        return v
+    return None
+
+
+def _is_scalar(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, complex)
+
+
+def _step_of(row: Mapping[str, Any], step_key: str) -> int | None:
+    v = row.get(step_key)
+    if v is None and step_key != "_step":
+        v = row.get("_step")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return int(v)
+
+
+class _Accumulator:
+    """Merges rows per step and emits Arrow batches for `steps` and `metrics`."""
+
+    def __init__(self, run_id: str, step_key: str):
+        self.run_id = run_id
+        self.step_key = step_key
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.keys: set[str] = set()
+        self.skipped: set[str] = set()
+        self.rows = 0
+        self.unstepped = 0
+        self.late = 0
+        self.metric_values = 0
+        self.steps_written: set[int] = set()
+        self.mapped: dict[str, str] = {}
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        self.rows += 1
+        step = _step_of(row, self.step_key)
+        if step is None:
+            self.unstepped += 1
+            return
+        if step in self.steps_written:
+            # already written (history not in step order after a drain): the store is append-only, so a
+            # second row for the step would duplicate it. write_run only drains early on the `_step` axis,
+            # where W&B returns rows in step order, so this only happens on malformed input.
+            self.late += 1
+            return
+        merged = self.pending.setdefault(step, {})
+        merged.update(row)
+
+    def drain(self, final: bool = False) -> tuple[pa.Table | None, pa.Table | None]:
+        """Tables for the steps buffered so far. Not final: keep the newest step (rows of one step may
+        still be coming), everything older is complete in a time-ordered history."""
+        if not self.pending:
+            return None, None
+        steps = sorted(self.pending)
+        if not final:
+            steps = steps[:-1]
+        if not steps:
+            return None, None
+        m_step: list[int] = []
+        m_key: list[str] = []
+        m_val: list[float] = []
+        s_cols: dict[str, list[Any]] = {name: [] for name in schema.STEP_SIGNALS}
+        s_step: list[int] = []
+        s_time: list[datetime | None] = []
+        for step in steps:
+            row = self.pending.pop(step)
+            for k, v in row.items():
+                if k == "_step":
+                    continue
+                if not _is_scalar(v):
+                    if v is not None:
+                        self.skipped.add(k)
+                    continue
+                self.keys.add(k)
+                m_step.append(step)
+                m_key.append(k)
+                m_val.append(float(v))
+            sig = mapping.map_row(row)
+            self.steps_written.add(step)
+            s_step.append(step)
+            ts = row.get("_timestamp")
+            s_time.append(
+                datetime.fromtimestamp(float(ts), tz=timezone.utc)
+                if _is_scalar(ts) and math.isfinite(float(ts))
+                else None
+            )
+            for name in schema.STEP_SIGNALS:
+                s_cols[name].append(sig.get(name))
+        self.metric_values += len(m_val)
+        metrics = pa.table(
+            {
+                "step": pa.array(m_step, pa.int64()),
+                "key": pa.array(m_key, pa.string()),
+                "value": pa.array(np.asarray(m_val, dtype=np.float64), pa.float64()),
+            }
+        )
+        steps_tbl = pa.table(
+            {
+                "step": pa.array(s_step, pa.int64()),
+                "time": pa.array(s_time, pa.timestamp("us", tz="UTC")),
+                "n_samples": pa.array([None] * len(s_step), pa.int32()),
+                **{name: pa.array(s_cols[name], pa.float64()) for name in schema.STEP_SIGNALS},
+            }
+        )
+        return steps_tbl, metrics
+
+
+def write_run(
+    store: str,
+    spec: ImportSpec,
+    history: Iterable[Mapping[str, Any]],
+    *,
+    mode: str | None = None,
+    name: str | None = None,
+    total_rows: int | None = None,
+    progress: bool = True,
+) -> ImportResult:
+    """Write one W&B run into `store` (replacing an earlier import of the same run)."""
+    from lld_monitor.store import RunWriter  # noqa: PLC0415  (store lands in a sibling room)
+
+    t0 = time.perf_counter()
+    run_id = store_run_id(spec.project, spec.wandb_id)
+    history = iter(history)
+    first_rows: list[Mapping[str, Any]] = []
+    # peek a few rows to choose the step axis (TRL: train/global_step)
+    for row in history:
+        first_rows.append(row)
+        if len(first_rows) >= 50:
+            break
+    step_key = "_step"
+    if first_rows and any(mapping.TRL_STEP_KEY in r for r in first_rows):
+        step_key = mapping.TRL_STEP_KEY
+    peek_keys = {k for r in first_rows for k in r}
+    if mode is not None and mode not in schema.MODES:
+        raise ValueError(f"mode must be one of {schema.MODES}, got {mode!r}")
+    inferred = mapping.infer_mode(spec.config, peek_keys)
+    chosen_mode, reason = (mode, "set by hand") if mode else (inferred.mode, inferred.reason)
+    run_name = name or spec.name or spec.wandb_id
+    config = dict(spec.config)
+    config["_lld_monitor_import"] = {
+        "wandb_id": spec.wandb_id,
+        "project": spec.project,
+        "entity": spec.entity,
+        "origin": spec.origin,
+        "mode_reason": reason,
+        "step_key": step_key,
+        "wandb_state": spec.status,
+        "imported_at": datetime.now(tz=timezone.utc).isoformat(),
+    }
+    writer = RunWriter.create(
+        store,
+        run_name,
+        chosen_mode,
+        source="wandb",
+        config=config,
+        model=_model_from_config(spec.config),
+        run_id=run_id,
+        overwrite=True,
+    )
+    if spec.started_at is not None:
+        # when the run started on W&B, not when it was imported
+        writer.update_run(started_at=spec.started_at.astimezone(timezone.utc).isoformat())
+    acc = _Accumulator(run_id, step_key)
+    bar = _progress(total_rows, f"import {run_name}", progress)
+    try:
+        since = 0
+        for row in _chain(first_rows, history):
+            acc.add(row)
+            since += 1
+            if since >= BATCH_ROWS:
+                if step_key == "_step":  # W&B returns `_step` rows in order: older steps are complete
+                    _append(writer, *acc.drain(final=False))
+                bar.update(since)
+                since = 0
+        _append(writer, *acc.drain(final=True))
+        bar.update(since)
+    except BaseException:
+        bar.close()
+        writer.finish(status="crashed")
+        _restore_previous(writer)
+        raise
+    bar.close()
+    _finish(writer, spec.status)
+    problems = []
+    if acc.late:
+        problems.append(f"{acc.late} history row(s) for already written steps were dropped")
+    if acc.unstepped:
+        problems.append(f"{acc.unstepped} history row(s) without a step were skipped")
+    if acc.skipped:
+        log.info("%s: non-numeric keys kept out of metrics: %s", run_name, sorted(acc.skipped))
+    return ImportResult(
+        run_id=run_id,
+        name=run_name,
+        mode=chosen_mode,
+        mode_reason=reason,
+        family=mapping.detect_family(acc.keys),
+        rows=acc.rows,
+        steps=len(acc.steps_written),
+        metric_values=acc.metric_values,
+        mapped=mapping.mapped_keys(acc.keys),
+        skipped_keys=sorted(acc.skipped),
+        status=spec.status,
+        seconds=time.perf_counter() - t0,
+        problems=problems,
+    )
+
+
+def _finish(writer: Any, wandb_status: str) -> None:
+    """Close the imported run. The store's finish() takes 'finished' or 'crashed'; a W&B run that is still
+    running is stored as a finished snapshot (its W&B state is kept in config._lld_monitor_import.wandb_state;
+    re-import to refresh it). A run that crashed on W&B is stored as crashed."""
+    status = "crashed" if wandb_status == "crashed" else "finished"
+    writer.finish(status=status)
+    trash = getattr(writer, "_trash", None)
+    if status == "crashed" and trash is not None:
+        # the import itself succeeded: the previous import of this run, moved aside by overwrite=True,
+        # is no longer needed (RunWriter only deletes it after a 'finished' close)
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _restore_previous(writer: Any) -> None:
+    """A failed re-import must not lose the earlier import: put the run that overwrite=True moved aside back."""
+    trash = getattr(writer, "_trash", None)
+    if trash is None or not trash.exists():
+        return
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    shutil.rmtree(writer.path, ignore_errors=True)
+    os.replace(trash, writer.path)
+    log.warning("import of %s failed; the previous import was kept", writer.run_id)
+
+
+def _append(writer: Any, steps_tbl: pa.Table | None, metrics: pa.Table | None) -> None:
+    if steps_tbl is not None and steps_tbl.num_rows:
+        writer.append("steps", steps_tbl)
+    if metrics is not None and metrics.num_rows:
+        writer.append("metrics", metrics)
+
+
+def _chain(first: list[Mapping[str, Any]], rest: Iterator[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    yield from first
+    yield from rest
+
+
+class _NoBar:
+    def update(self, n: int) -> None:  # noqa: D401
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int | None, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total, desc=desc, unit="row", leave=False, mininterval=0.5)
+
+
+def config_json(config: Mapping[str, Any]) -> str:
+    return json.dumps(config, default=str, allow_nan=True)

@@ -1,0 +1,363 @@
+"""Offline W&B import on runs written by the real wandb SDK (WANDB_MODE=offline, no key, no network).
+
+The runs are written in a subprocess (this file run as a script) so the SDK's service process and
+environment never leak into the test process. Every value the writer logged must come back from the
+store unchanged (NaN and +/-inf included), mapped keys must land in `steps`, the mode must be inferred
+from the config, re-importing must not duplicate, and damaged / still-being-written files must import
+what they hold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# ------------------------------------------------------------------------------------- what is logged
+
+VERL_KEYS = [
+    "critic/score/mean",
+    "actor/grad_norm",
+    "actor/entropy_loss",
+    "actor/pg_clipfrac",
+    "actor/kl_loss",
+    "actor/pg_loss",
+    "actor/loss_noreduce",
+    "actor/mean_reduce_chunk",
+    "actor/pos_avg_old_log_prob",
+    "actor/lr",
+    "env/number_of_valid_search",
+    "response_length/mean",
+    "timing_s/step",
+]
+TRL_KEYS = [
+    "train/reward",
+    "train/reward_std",
+    "train/loss",
+    "train/grad_norm",
+    "train/learning_rate",
+    "train/entropy",
+    "train/clip_ratio/region_mean",
+    "train/completions/mean_length",
+    "train/step_time",
+]
+
+
+def value(key: str, step: int) -> float:
+    """Deterministic value with NaN / inf sprinkled in."""
+    if key == "critic/score/mean" and step == 3:
+        return float("nan")
+    if key == "actor/grad_norm" and step == 4:
+        return float("inf")
+    if key == "actor/pg_loss" and step == 5:
+        return float("-inf")
+    if key == "train/grad_norm" and step == 2:
+        return float("nan")
+    h = sum(ord(c) * (i + 1) for i, c in enumerate(key))
+    return round(math.sin(h * 0.001 + step * 0.37) * 10 ** (h % 4 - 2), 9)
+
+
+RUNS = {
+    # name: (config, key set, steps)
+    "verl_llds": (
+        {"actor_rollout_ref": {"actor": {"no_reduce_lambda": 0.2, "mask_answer": False}},
+         "algorithm": {"adv_estimator": "grpo"}},
+        VERL_KEYS, list(range(12)),
+    ),
+    "verl_llds_ma": (
+        {"actor_rollout_ref": {"actor": {"no_reduce_lambda": 0.3, "mask_answer": True, "answer_no_reduce_lambda": 0.1}}},
+        VERL_KEYS + ["actor/is_answer_mask", "actor/lowest_prob_avg_mean"], list(range(6)),
+    ),
+    "verl_vanilla": (
+        {"actor_rollout_ref": {"actor": {"no_reduce_lambda": 0.0}}, "trainer": {"total_epochs": 15}},
+        VERL_KEYS, list(range(6)),
+    ),
+    "trl_plain": ({"num_generations": 4, "beta": 0.0, "loss_type": "grpo", "learning_rate": 1e-6}, TRL_KEYS, [1, 2, 3, 4, 5]),
+    "nocfg": ({}, ["custom/a", "custom/b"], list(range(4))),
+}
+MID_RUN_KEY = "val/test_score/nq"  # appears from step 6 on in verl_llds
+RESUMED_ID = "resum3d"
+RESUMED_STEPS = ([0, 1, 2, 3], [10, 11, 12])  # second segment after a resume: a gap of 6 steps
+
+
+def expected_rows(name: str) -> dict[int, dict[str, float]]:
+    cfg, keys, steps = RUNS[name]
+    out: dict[int, dict[str, float]] = {}
+    for s in steps:
+        row = {k: value(k, s) for k in keys}
+        if name == "verl_llds" and s >= 6:
+            row[MID_RUN_KEY] = value(MID_RUN_KEY, s)
+        if name == "verl_llds_ma":
+            row["actor/is_answer_mask"] = 0.0 if s == 0 else 0.8
+        if name == "trl_plain":
+            row["train/global_step"] = float(s)
+            row["train/extra_same_step"] = value("train/extra_same_step", s)  # logged in a second call
+        out[s] = row
+    return out
+
+
+def expected_resumed() -> dict[int, dict[str, float]]:
+    out = {}
+    for seg, steps in enumerate(RESUMED_STEPS):
+        for s in steps:
+            out[s] = {"actor/grad_norm": value("actor/grad_norm", s), "critic/score/mean": value("critic/score/mean", s)}
+            if seg == 1:
+                out[s]["actor/new_after_resume"] = float(s)
+    return out
+
+
+def write_runs(root: str) -> None:
+    """Run by the subprocess: writes the runs above with the real SDK in offline mode."""
+    import wandb
+
+    for name, (cfg, keys, steps) in RUNS.items():
+        run = wandb.init(project="lldtest", name=name, config=cfg, id=f"id-{name.replace('_', '-')}")
+        rows = expected_rows(name)
+        for s in steps:
+            row = dict(rows[s])
+            if name == "trl_plain":
+                extra = {"train/extra_same_step": row.pop("train/extra_same_step"), "train/global_step": s}
+                row["train/global_step"] = s
+                run.log(row)  # like transformers' WandbCallback: no explicit step, global_step in the row
+                run.log(extra)
+                if s == 3:
+                    run.log({"train/text_value": "not a number", "train/global_step": s})
+            else:
+                run.log(row, step=s)
+        run.finish()
+    # a run resumed with a gap in its steps (two offline folders, same id)
+    exp = expected_resumed()
+    for seg, steps in enumerate(RESUMED_STEPS):
+        run = wandb.init(project="lldtest", name="resumed", id=RESUMED_ID, resume="allow",
+                         config={"segment": seg} if seg == 0 else {"segment2": True})
+        for s in steps:
+            run.log(exp[s], step=s)
+        run.finish()
+
+
+@pytest.fixture(scope="module")
+def wandb_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(
+        WANDB_MODE="offline", WANDB_DIR=str(root), WANDB_SILENT="true", WANDB_CONFIG_DIR=str(root / "cfg"),
+        WANDB_CACHE_DIR=str(root / "cache"), WANDB_DATA_DIR=str(root / "data"), WANDB_DISABLE_GIT="true",
+        WANDB_CONSOLE="off",
+    )
+    env.pop("WANDB_API_KEY", None)
+    subprocess.run([sys.executable, __file__, str(root)], check=True, env=env, timeout=240, cwd=root)
+    return root / "wandb"
+
+
+def _metric_map(df) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for step, key, val in zip(df["step"], df["key"], df["value"], strict=True):
+        assert key not in out.setdefault(int(step), {}), f"duplicate metric {key} at step {step}"
+        out[int(step)][key] = float(val)
+    return out
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def _assert_roundtrip(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]]) -> None:
+    assert sorted(got) == sorted(want)
+    for s, row in want.items():
+        g = {k: v for k, v in got[s].items() if not k.startswith("_")}
+        assert set(g) == set(row), (s, set(g) ^ set(row))
+        for k, v in row.items():
+            assert _same(g[k], v), (s, k, g[k], v)
+
+
+@pytest.fixture(scope="module")
+def imported(wandb_dir, tmp_path_factory):
+    from lld_monitor.integrations.wandb_import import import_offline
+    from lld_monitor.store import open_store_reader
+
+    store = tmp_path_factory.mktemp("store") / "s"
+    results = import_offline(str(store), wandb_dir, progress=False)
+    reader = open_store_reader(store)
+    yield store, {r.name: r for r in results}, reader
+    reader.close()
+
+
+def test_every_value_round_trips(imported):
+    store, results, reader = imported
+    for name in RUNS:
+        res = results[name]
+        got = _metric_map(reader.metrics(res.run_id))
+        _assert_roundtrip(got, expected_rows(name))
+
+
+def test_resumed_run_with_gap_is_merged(imported):
+    _, results, reader = imported
+    res = results["resumed"]
+    got = _metric_map(reader.metrics(res.run_id))
+    _assert_roundtrip(got, expected_resumed())
+    steps = reader.steps(res.run_id)
+    assert steps["step"].tolist() == RESUMED_STEPS[0] + RESUMED_STEPS[1]
+    cfg = json.loads(reader.run(res.run_id)["config"])
+    assert cfg["segment"] == 0 and cfg["segment2"] is True
+
+
+def test_mapped_signals_in_steps(imported):
+    _, results, reader = imported
+    st = reader.steps(results["verl_llds"].run_id).set_index("step")
+    for s in range(12):
+        for sig, key in [("reward_mean", "critic/score/mean"), ("grad_norm", "actor/grad_norm"),
+                         ("entropy", "actor/entropy_loss"), ("clip_frac", "actor/pg_clipfrac"),
+                         ("kl", "actor/kl_loss"), ("llds_loss", "actor/loss_noreduce"),
+                         ("searches_per_response", "env/number_of_valid_search"), ("step_time", "timing_s/step")]:
+            assert _same(float(st.loc[s, sig]), value(key, s)), (s, sig)
+    # diluted proxies / counts are NOT mapped onto our signals
+    assert st["ll_correct_mean"].isna().all() and st["frac_actions_displaced"].isna().all()
+    # answer prob only where a span was found
+    ma = reader.steps(results["verl_llds_ma"].run_id).set_index("step")
+    assert math.isnan(ma.loc[0, "answer_prob_mean"])
+    assert ma.loc[1, "answer_prob_mean"] == value("actor/lowest_prob_avg_mean", 1)
+    # TRL: the step axis is train/global_step, two log calls per step merge into one steps row
+    trl = reader.steps(results["trl_plain"].run_id).set_index("step")
+    assert trl.index.tolist() == [1, 2, 3, 4, 5]
+    for s in [1, 2, 3, 4, 5]:
+        assert _same(float(trl.loc[s, "reward_mean"]), value("train/reward", s))
+        assert _same(float(trl.loc[s, "grad_norm"]), value("train/grad_norm", s))
+        assert _same(float(trl.loc[s, "clip_frac"]), value("train/clip_ratio/region_mean", s))
+        assert _same(float(trl.loc[s, "response_length"]), value("train/completions/mean_length", s))
+    assert math.isnan(float(trl.loc[2, "grad_norm"]))
+    assert "train/text_value" in results["trl_plain"].skipped_keys
+
+
+def test_mode_inferred_from_config(imported):
+    _, results, reader = imported
+    modes = {name: reader.run(r.run_id)["mode"] for name, r in results.items()}
+    assert modes == {"verl_llds": "llds", "verl_llds_ma": "llds_ma", "verl_vanilla": "vanilla",
+                     "trl_plain": "vanilla", "nocfg": "unknown", "resumed": "vanilla"}
+    runs = reader.runs().set_index("run_id")
+    assert set(runs.loc[[r.run_id for r in results.values()], "source"]) == {"wandb"}
+    assert set(runs.loc[[r.run_id for r in results.values()], "status"]) == {"finished"}
+
+
+def test_reimport_updates_without_duplicates_and_mode_override(imported, wandb_dir):
+    from lld_monitor.integrations.wandb_import import import_offline
+    from lld_monitor.store import open_store_reader
+
+    store, results, _ = imported
+    again = import_offline(str(store), next(wandb_dir.glob("offline-run-*id-verl-vanilla")), mode="llds",
+                           progress=False)
+    assert len(again) == 1 and again[0].run_id == results["verl_vanilla"].run_id
+    with open_store_reader(store) as r:
+        assert (r.runs()["run_id"] == again[0].run_id).sum() == 1
+        assert r.run(again[0].run_id)["mode"] == "llds"
+        m = r.metrics(again[0].run_id)
+        assert not m.duplicated(["step", "key"]).any()
+        _assert_roundtrip(_metric_map(m), expected_rows("verl_vanilla"))
+        assert len(r.steps(again[0].run_id)) == 6
+
+
+def test_detector_runs_on_imported_run(imported):
+    detect = pytest.importorskip("lld_monitor.detect")
+    _, results, reader = imported
+    sig = reader.signals(results["verl_llds"].run_id)
+    res = detect.detect_run(sig)
+    assert res.phase in ("healthy", "stagnation", "decay", "collapse")
+
+
+# ------------------------------------------------------------------- damaged / in-progress files
+
+
+def _one_file(wandb_dir: Path, run: str) -> Path:
+    return next(wandb_dir.glob(f"offline-run-*{run}/run-*.wandb"))
+
+
+def test_partial_tail_and_truncation(wandb_dir, tmp_path):
+    from lld_monitor.integrations.wandb_offline import read_wandb_file
+
+    src = _one_file(wandb_dir, "id-verl-llds")
+    full = read_wandb_file(src)
+    assert full.complete and not full.truncated and not full.problems
+    data = src.read_bytes()
+    n_hist = []
+    # cut the file at many points: never an error, a growing prefix of the history, never complete
+    for frac in np.linspace(0.05, 0.97, 23):
+        cut = tmp_path / f"cut-{frac:.2f}.wandb"
+        cut.write_bytes(data[: int(len(data) * frac)])
+        d = read_wandb_file(cut)
+        assert not d.complete
+        assert d.history == full.history[: len(d.history)]
+        n_hist.append(len(d.history))
+    assert n_hist == sorted(n_hist) and n_hist[-1] > 0
+    # a cut inside a record header or payload is reported as a partial tail
+    assert any(read_wandb_file(tmp_path / f"cut-{f:.2f}.wandb").truncated for f in np.linspace(0.05, 0.97, 23))
+
+
+def test_crc_error_skips_block_and_keeps_the_rest(wandb_dir, tmp_path):
+    from lld_monitor.integrations.wandb_offline import read_wandb_file
+
+    src = _one_file(wandb_dir, "id-verl-llds")
+    full = read_wandb_file(src)
+    data = bytearray(src.read_bytes())
+    # flip a byte inside a history payload: find the value_json of a step-7 metric
+    needle = json.dumps(value("actor/kl_loss", 7)).encode()
+    pos = data.find(needle)
+    assert pos > 0
+    data[pos] ^= 0x01
+    bad = tmp_path / "bad.wandb"
+    bad.write_bytes(bytes(data))
+    d = read_wandb_file(bad)
+    assert any("CRC" in p for p in d.problems)
+    steps = [h["_step"] for h in d.history]
+    assert 7 not in steps  # the damaged record is dropped, not decoded into a wrong value
+    for h in d.history:
+        assert h == next(f for f in full.history if f["_step"] == h["_step"])
+
+
+def test_foreign_file_is_rejected_and_folder_import_continues(wandb_dir, tmp_path):
+    from lld_monitor.integrations.wandb_import import ImportError_, import_offline
+    from lld_monitor.integrations.wandb_offline import NotAWandbFileError, read_wandb_file
+
+    junk = tmp_path / "run-junk.wandb"
+    junk.write_bytes(b"PK\x03\x04 definitely a zip file")
+    with pytest.raises(NotAWandbFileError, match="not a W&B run file"):
+        read_wandb_file(junk)
+    folder = tmp_path / "mixed"
+    shutil.copytree(next(wandb_dir.glob("offline-run-*id-nocfg")), folder / "offline-run-x-id-nocfg")
+    shutil.copy(junk, folder / "run-junk.wandb")
+    res = import_offline(str(tmp_path / "store"), folder, progress=False)
+    assert [r.name for r in res] == ["nocfg"]
+    assert junk.read_bytes().startswith(b"PK")  # never modified
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ImportError_, match="no .wandb run files"):
+        import_offline(str(tmp_path / "store"), empty, progress=False)
+
+
+def test_run_still_being_written_imports_its_prefix(wandb_dir, tmp_path):
+    from lld_monitor.integrations.wandb_import import import_offline
+    from lld_monitor.store import open_store_reader
+
+    src = _one_file(wandb_dir, "id-verl-llds")
+    data = src.read_bytes()
+    live = tmp_path / "live" / "run-id-verl-llds.wandb"
+    live.parent.mkdir()
+    live.write_bytes(data[: int(len(data) * 0.6)])
+    res = import_offline(str(tmp_path / "st"), live, progress=False)[0]
+    assert res.status == "running"
+    with open_store_reader(tmp_path / "st") as r:
+        got = _metric_map(r.metrics(res.run_id))
+        want = expected_rows("verl_llds")
+        assert 0 < len(got) < len(want)
+        _assert_roundtrip(got, {s: want[s] for s in got})
+        cfg = json.loads(r.run(res.run_id)["config"])
+        assert cfg["_lld_monitor_import"]["wandb_state"] == "running"
+
+
+if __name__ == "__main__":
+    write_runs(sys.argv[1])
