@@ -1,0 +1,229 @@
+"""Property tests over random shapes and masks (hypothesis), against a plain-Python reference.
+
+Values are drawn as multiples of 0.25 so that sums are exact, ties (d = 0, action sum = 0) occur,
+and the vectorized code and the loop reference must agree on every gate decision.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lld_monitor.lld import (
+    LLDSConfig,
+    action_index,
+    answer_span_mask,
+    displacement,
+    displacement_summary,
+    grpo_advantages,
+    llds_loss,
+    ppo_clip_loss,
+)
+
+SETTINGS = settings(max_examples=60, deadline=None)
+GATES = ("action", "response", "token")
+NORMS = ("response", "token_mean")
+
+
+@st.composite
+def batches(draw):
+    b = draw(st.integers(1, 5))
+    t = draw(st.integers(1, 14))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.rand(b, t, generator=gen) < draw(st.sampled_from([0.3, 0.7, 0.95, 1.0]))
+    old = (torch.randint(-12, 0, (b, t), generator=gen) * 0.25).float()
+    new = old - (torch.randint(-4, 5, (b, t), generator=gen) * 0.25).float()
+    old = torch.where(mask, old, torch.full_like(old, float("nan")))  # tool tokens: no log-prob
+    new = torch.where(mask, new, torch.full_like(new, float("nan")))
+    adv = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0])[torch.randint(0, 5, (b,), generator=gen)]
+    answer = (torch.rand(b, t, generator=gen) < 0.3) & mask
+    beta = draw(st.sampled_from([None, 0.0, 0.5, 1.0]))
+    return new, old, mask, adv, answer, beta
+
+
+def _runs(mask_row):
+    runs, cur = [], []
+    for j, m in enumerate(mask_row):
+        if m:
+            cur.append(j)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+def reference_llds(new, old, mask, adv, answer, beta, gate, norm):
+    """Straight loops over the paper's formula (see lld.py's docstring)."""
+    per_resp, pre_count, total_pen, total_tok = 0.0, 0, 0.0, 0
+    for i in range(new.shape[0]):
+        m = mask[i].tolist()
+        n_i = sum(m)
+        total_tok += n_i
+        if adv[i] < 0 or n_i == 0:
+            continue
+        pre_count += 1
+        d = [(old[i, j] - new[i, j]).item() if m[j] else 0.0 for j in range(len(m))]
+        resp_open = sum(d) > 0
+        pen = 0.0
+        for run in _runs(m):
+            if gate == "action":
+                open_ = sum(d[j] for j in run) > 0
+            elif gate == "response":
+                open_ = resp_open
+            else:
+                open_ = True
+            if not open_:
+                continue
+            for j in run:
+                w = beta if (beta is not None and answer[i, j]) else 1.0
+                pen += w * max(0.0, d[j])
+        per_resp += pen / n_i
+        total_pen += pen
+    if norm == "response":
+        return per_resp / pre_count if pre_count else 0.0
+    return total_pen / total_tok if total_tok else 0.0
+
+
+def _cfg(gate, norm, beta):
+    return LLDSConfig(gate=gate, norm=norm, answer_weight=beta)
+
+
+@SETTINGS
+@given(batches())
+def test_llds_matches_reference_and_is_nonnegative(batch):
+    new, old, mask, adv, answer, beta = batch
+    for gate in GATES:
+        for norm in NORMS:
+            loss, st_ = llds_loss(new, old, adv, mask, _cfg(gate, norm, beta), answer_mask=answer)
+            assert torch.isfinite(loss)
+            assert loss.item() >= 0.0
+            ref = reference_llds(new, old, mask, adv, answer, beta, gate, norm)
+            assert math.isclose(loss.item(), ref, abs_tol=1e-6), (gate, norm, loss.item(), ref)
+
+
+@SETTINGS
+@given(batches())
+def test_gated_loss_at_most_token_level(batch):
+    new, old, mask, adv, answer, beta = batch
+    for norm in NORMS:
+        tok, _ = llds_loss(new, old, adv, mask, _cfg("token", norm, beta), answer_mask=answer)
+        for gate in ("action", "response"):
+            gated, _ = llds_loss(new, old, adv, mask, _cfg(gate, norm, beta), answer_mask=answer)
+            assert gated.item() <= tok.item() + 1e-7
+
+
+@SETTINGS
+@given(batches(), st.integers(1, 6), st.sampled_from(["nan", "random", "zero"]))
+def test_right_padding_invariance(batch, pad, fill):
+    new, old, mask, adv, answer, beta = batch
+    b = new.shape[0]
+    filler = {"nan": torch.full((b, pad), float("nan")), "random": torch.randn(b, pad), "zero": torch.zeros(b, pad)}[fill]
+    new_p = torch.cat([new, filler], 1)
+    old_p = torch.cat([old, filler.flip(0) - 1.0], 1)
+    mask_p = torch.cat([mask, torch.zeros(b, pad, dtype=torch.bool)], 1)
+    ans_p = torch.cat([answer, torch.ones(b, pad, dtype=torch.bool)], 1)  # even a True answer mask on padding
+    for gate in GATES:
+        for norm in NORMS:
+            a, sa = llds_loss(new, old, adv, mask, _cfg(gate, norm, beta), answer_mask=answer)
+            p, sp = llds_loss(new_p, old_p, adv, mask_p, _cfg(gate, norm, beta), answer_mask=ans_p)
+            assert a.item() == p.item() and sa == sp
+    ds, dp = displacement(new, old, mask), displacement(new_p, old_p, mask_p)
+    assert torch.equal(ds.response_sum, dp.response_sum) and torch.equal(ds.action_sum, dp.action_sum)
+    sa, sp = displacement_summary(ds, adv), displacement_summary(dp, adv)
+    assert all((sa[k] == sp[k]) or (math.isnan(sa[k]) and math.isnan(sp[k])) for k in sa)
+    pa, _ = ppo_clip_loss(new, old, adv, mask)
+    pp, _ = ppo_clip_loss(new_p, old_p, adv, mask_p)
+    assert math.isclose(pa.item(), pp.item(), rel_tol=1e-6, abs_tol=1e-7)  # exp() values: summation order
+
+
+@SETTINGS
+@given(batches())
+def test_gradient_zero_off_penalized_and_negative_on_penalized(batch):
+    new, old, mask, adv, answer, beta = batch
+    for gate in GATES:
+        for norm in NORMS:
+            x = new.clone().requires_grad_(True)
+            loss, st_ = llds_loss(x, old, adv, mask, _cfg(gate, norm, beta), answer_mask=answer)
+            loss.backward()
+            g = x.grad
+            assert torch.isfinite(g).all()
+            assert int((g < 0).sum()) == st_["n_penalized_tokens"]
+            assert int((g != 0).sum()) == st_["n_penalized_tokens"]  # exactly zero elsewhere
+            d = torch.where(mask, old - new, torch.zeros_like(old))
+            assert (d[g < 0] > 0).all()  # only tokens whose likelihood fell are pushed up
+            assert (g[adv < 0] == 0).all() and (g[~mask] == 0).all()
+
+
+@SETTINGS
+@given(batches())
+def test_displacement_consistency(batch):
+    new, old, mask, adv, _, _ = batch
+    s = displacement(new, old, mask)
+    assert torch.allclose(s.action_sum.sum(1), s.response_sum, atol=1e-6)
+    assert torch.equal(s.action_len.sum(1), s.n_tokens)
+    assert s.n_actions.tolist() == [len(_runs(r.tolist())) for r in mask]
+    idx = action_index(mask)
+    for i, row in enumerate(mask.tolist()):
+        for k, run in enumerate(_runs(row)):
+            assert all(idx[i, j].item() == k for j in run)
+    summ = displacement_summary(s, adv)
+    pre = [(a >= 0) and n > 0 for a, n in zip(adv.tolist(), s.n_tokens.tolist())]
+    assert summ["n_preserved"] == sum(pre)
+    if sum(pre):
+        fell = sum(1 for i, p in enumerate(pre) if p and s.response_sum[i] < 0)
+        assert summ["frac_responses_displaced"] == fell / sum(pre)
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0.0, 1.0, 0.5, 2.0, -1.0])), min_size=1, max_size=25),
+    st.booleans(),
+)
+def test_grpo_matches_torch_std_per_group(items, unbiased):
+    gids = [g for g, _ in items]
+    r = torch.tensor([v for _, v in items])
+    adv = grpo_advantages(r, gids, unbiased=unbiased)
+    for g in set(gids):
+        idx = [i for i, x in enumerate(gids) if x == g]
+        rg = r[idx].double()
+        if len(idx) == 1 or bool((rg == rg[0]).all()):
+            exp = torch.zeros(len(idx), dtype=torch.float64)
+        else:
+            exp = (rg - rg.mean()) / (rg.std(unbiased=unbiased) + 1e-6)
+        assert torch.allclose(adv[idx].double(), exp, atol=1e-5), (g, adv[idx], exp)
+
+
+def _ref_span(ids, mask, open_ids, close_ids):
+    t = len(ids)
+    lo, lc = len(open_ids), len(close_ids)
+
+    def match(j, pat):
+        return j + len(pat) <= t and ids[j : j + len(pat)] == pat and all(mask[j : j + len(pat)])
+
+    closes = [j for j in range(t) if match(j, close_ids)]
+    if not closes:
+        return [False] * t
+    c = closes[-1]
+    opens = [j for j in range(t) if match(j, open_ids) and j + lo <= c]
+    if not opens:
+        return [False] * t
+    o = opens[-1]
+    return [(o <= j < c + lc) and bool(mask[j]) for j in range(t)]
+
+
+@SETTINGS
+@given(st.integers(1, 4), st.integers(1, 16), st.integers(0, 2**31 - 1), st.sampled_from([((1,), (2,)), ((1, 3), (2, 3)), ((1,), (2, 2))]))
+def test_answer_span_matches_reference(b, t, seed, tags):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 4, (b, t), generator=gen)
+    mask = torch.rand(b, t, generator=gen) < 0.85
+    open_ids, close_ids = tags
+    got = answer_span_mask(ids, mask, open_ids, close_ids)
+    for i in range(b):
+        assert got[i].tolist() == _ref_span(ids[i].tolist(), mask[i].tolist(), list(open_ids), list(close_ids))
