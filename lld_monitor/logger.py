@@ -1,0 +1,537 @@
+"""RunLogger: the one object a training loop uses. `log_step` never waits on I/O.
+
+On the caller's thread `log_step` only copies what it is given to CPU numpy (torch tensors are
+detached and copied; torch itself is never imported here) and puts it on a bounded queue. A
+background thread computes the step aggregates from all samples, builds the Arrow batches for the
+steps / metrics / samples / tokens tables, runs the online detector (if `lld_monitor.detect` is
+importable), forwards to W&B (if asked) and flushes the store every `flush_every_steps` steps or
+`flush_every_s` seconds, whichever comes first.
+
+```python
+with RunLogger("lld_runs", "my run", "vanilla", config) as log:
+    for step in range(n):
+        log.log_step(step, scalars={"grad_norm": g}, samples={...}, tokens={...})
+```
+An exception out of the `with` block, an unhandled exception in the main thread or SIGTERM marks the
+run crashed (previous excepthook / SIGTERM handler still run); `close()` marks it finished.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import math
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .store import RunWriter, WriterConfig, schema
+
+log = logging.getLogger(__name__)
+
+STEP_COLUMNS = frozenset(schema.STEP_SIGNALS) | {"n_samples"}
+SAMPLE_COLUMNS = tuple(n for n in schema.SAMPLES.names if n not in ("run_id", "step", "rank"))
+REQUIRED_SAMPLE_COLUMNS = ("reward", "advantage", "group_id")
+TOKEN_COLUMNS = ("token_id", "mask", "role", "action_idx", "logp_old", "logp_new", "logp_ref", "entropy")
+TOOL_ROLE = schema.ROLES.index("tool")
+_STOP = object()
+
+
+# ----------------------------------------------------------------------------- caller-thread copies
+def to_numpy(value: Any) -> np.ndarray:
+    """A private CPU numpy copy of a tensor / array / list (torch is duck-typed, not imported)."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor
+        t = value.detach()
+        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
+            t = t.float()
+        on_cpu = str(t.device) == "cpu"
+        arr = t.cpu().numpy()
+        return arr.copy() if on_cpu else arr
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    arr = np.asarray(value)
+    return arr.copy() if arr is value else arr
+
+
+def to_float(value: Any) -> float:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+        if hasattr(value, "item"):
+            return float(value.item())
+    if isinstance(value, np.ndarray):
+        return float(value.reshape(-1)[0]) if value.size == 1 else float("nan")
+    return float(value)
+
+
+def _copy_columns(cols: Mapping[str, Any] | None, what: str, allowed: Sequence[str]) -> dict[str, np.ndarray] | None:
+    if cols is None:
+        return None
+    out: dict[str, np.ndarray] = {}
+    for k, v in cols.items():
+        if k not in allowed:
+            raise ValueError(f"log_step: unknown {what} column {k!r}; allowed: {list(allowed)}")
+        out[k] = to_numpy(v)
+    return out
+
+
+# ----------------------------------------------------------------------------- aggregates (numpy)
+def _mean(x: np.ndarray) -> float | None:
+    """Mean of a possibly empty array: None (NULL, 'no such data') when empty; NaN stays NaN."""
+    return float(np.mean(x)) if x.size else None
+
+
+def derive_sample_columns(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fill delta_sum / delta_mean / correct where the inputs for them are present and they are not."""
+    s = dict(s)
+    n = len(s["reward"])
+    if "delta_sum" not in s and "logp_old_sum" in s and "logp_new_sum" in s:
+        s["delta_sum"] = s["logp_new_sum"].astype(np.float64) - s["logp_old_sum"].astype(np.float64)
+    if "delta_mean" not in s and "delta_sum" in s and "n_action_tokens" in s:
+        nt = s["n_action_tokens"].astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s["delta_mean"] = np.where(nt > 0, s["delta_sum"] / np.where(nt > 0, nt, 1), np.nan)
+    if "correct" not in s:
+        s["correct"] = np.asarray(s["reward"], dtype=np.float64) > 0
+    assert all(len(v) == n for v in s.values() if isinstance(v, np.ndarray) and v.ndim)
+    return s
+
+
+def step_aggregates(samples: Mapping[str, np.ndarray]) -> dict[str, float | int | None]:
+    """The step signals that follow from per-sample columns (see schema.STEP_SIGNALS for meanings).
+
+    reward_std is the population std (ddof=0). A signal whose subset is empty (no correct responses,
+    no preserved ones) is None (NULL), never 0; NaN inputs give NaN.
+    """
+    s = derive_sample_columns(dict(samples))
+    reward = np.asarray(s["reward"], dtype=np.float64)
+    out: dict[str, float | int | None] = {"n_samples": int(reward.size)}
+    out["reward_mean"] = _mean(reward)
+    out["reward_std"] = float(np.std(reward)) if reward.size else None
+    correct = np.asarray(s["correct"], dtype=bool)
+    out["accuracy"] = _mean(correct.astype(np.float64))
+    nt = s["n_action_tokens"].astype(np.float64) if "n_action_tokens" in s else None
+    if "logp_old_sum" in s:
+        lp = s["logp_old_sum"].astype(np.float64)
+        for label, sel in (("correct", correct), ("incorrect", ~correct)):
+            out[f"ll_{label}_sum"] = _mean(lp[sel])
+            if nt is not None:
+                ok = sel & (nt > 0)
+                out[f"ll_{label}_mean"] = _mean(lp[ok] / nt[ok])
+    if "advantage" in s and "delta_sum" in s:
+        pres = np.asarray(s["advantage"], dtype=np.float64) >= 0
+        d = s["delta_sum"].astype(np.float64)[pres]
+        out["delta_preserved"] = _mean(d)
+        out["frac_responses_displaced"] = _mean((d < 0).astype(np.float64))
+        if "delta_mean" in s:
+            dm = s["delta_mean"].astype(np.float64)[pres]
+            out["delta_preserved_mean"] = _mean(dm[~np.isnan(dm)] if nt is not None else dm)
+        if "n_actions_displaced" in s and "n_actions" in s:
+            den = float(np.sum(s["n_actions"][pres]))
+            out["frac_actions_displaced"] = float(np.sum(s["n_actions_displaced"][pres])) / den if den > 0 else None
+    if nt is not None:
+        out["response_length"] = _mean(nt)
+    if "n_searches" in s:
+        out["searches_per_response"] = _mean(s["n_searches"].astype(np.float64))
+    return out
+
+
+def sample_sums_from_tokens(tok: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-sample action-token sums from [N, T] token arrays (tool tokens and masked positions excluded)."""
+    mask = tok["mask"].astype(bool) if "mask" in tok else np.ones(tok["token_id"].shape, dtype=bool)
+    if "role" in tok:
+        mask = mask & (tok["role"] != TOOL_ROLE)
+    out: dict[str, np.ndarray] = {"n_action_tokens": mask.sum(axis=1).astype(np.int32)}
+    if "logp_old" in tok:
+        out["logp_old_sum"] = np.where(mask, tok["logp_old"].astype(np.float64), 0.0).sum(axis=1)
+    if "logp_new" in tok:
+        out["logp_new_sum"] = np.where(mask, tok["logp_new"].astype(np.float64), 0.0).sum(axis=1)
+    if "action_idx" in tok:
+        aidx = np.where(mask, tok["action_idx"].astype(np.int64), -1)
+        n = aidx.shape[0]
+        n_act = (aidx.max(axis=1) + 1).clip(min=0)
+        out["n_actions"] = n_act.astype(np.int32)
+        if "logp_old" in tok and "logp_new" in tok and n_act.max(initial=0) > 0:
+            a = int(n_act.max())
+            d = np.where(mask, tok["logp_new"].astype(np.float64) - tok["logp_old"].astype(np.float64), 0.0)
+            sums = np.zeros((n, a))
+            rows = np.broadcast_to(np.arange(n)[:, None], aidx.shape)
+            valid = aidx >= 0
+            np.add.at(sums, (rows[valid], aidx[valid]), d[valid])
+            has = np.arange(a)[None, :] < n_act[:, None]
+            out["n_actions_displaced"] = ((sums < 0) & has).sum(axis=1).astype(np.int32)
+    return out
+
+
+# ----------------------------------------------------------------------------- crash handlers
+_LIVE: "weakref.WeakSet[RunLogger]" = weakref.WeakSet()
+_HOOKS_INSTALLED = False
+_PREV_EXCEPTHOOK: Any = None
+_PREV_SIGTERM: Any = None
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    for lg in list(_LIVE):
+        try:
+            lg.close(status="crashed", timeout=10.0)
+        except Exception:  # noqa: BLE001 - never mask the original error
+            log.exception("could not mark run %s crashed", getattr(lg, "run_id", "?"))
+    (_PREV_EXCEPTHOOK or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _sigterm(signum, frame) -> None:
+    for lg in list(_LIVE):
+        try:
+            lg._abort("crashed", timeout=5.0)
+        except Exception:  # noqa: BLE001
+            log.exception("could not mark run %s crashed", getattr(lg, "run_id", "?"))
+    prev = _PREV_SIGTERM
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:  # default action: die of SIGTERM, as without us
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _atexit() -> None:
+    for lg in list(_LIVE):
+        try:
+            lg.close()
+        except Exception:  # noqa: BLE001
+            log.exception("could not close run %s at exit", getattr(lg, "run_id", "?"))
+
+
+def _install_hooks() -> None:
+    global _HOOKS_INSTALLED, _PREV_EXCEPTHOOK, _PREV_SIGTERM
+    if _HOOKS_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    _PREV_EXCEPTHOOK = sys.excepthook
+    sys.excepthook = _excepthook
+    try:
+        _PREV_SIGTERM = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _sigterm)
+    except (ValueError, OSError):  # not allowed here (e.g. embedded interpreters)
+        _PREV_SIGTERM = None
+    atexit.register(_atexit)
+    _HOOKS_INSTALLED = True
+
+
+# ----------------------------------------------------------------------------- the logger
+@dataclasses.dataclass
+class _Item:
+    step: int
+    scalars: dict[str, float]
+    samples: dict[str, np.ndarray] | None
+    tokens: dict[str, np.ndarray] | None
+    all_samples: dict[str, np.ndarray] | None
+
+
+class RunLogger:
+    """Log a training run into a store without blocking the training step. See the module docstring."""
+
+    def __init__(
+        self,
+        store: str | os.PathLike,
+        run_name: str,
+        mode: str,
+        config: dict | None = None,
+        *,
+        source: str = "local",
+        model: str | None = None,
+        run_id: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        flush_every_steps: int = 10,
+        flush_every_s: float = 2.0,
+        token_every: int = 1,
+        token_groups: int | None = None,
+        vocab: Sequence[str] | None = None,
+        detector: bool = True,
+        wandb: Any = None,
+        queue_size: int = 256,
+        handle_signals: bool = True,
+        writer_config: WriterConfig | None = None,
+    ):
+        if flush_every_steps < 1 or flush_every_s <= 0 or token_every < 0:
+            raise ValueError("flush_every_steps >= 1, flush_every_s > 0 and token_every >= 0 (0 = never) are required")
+        if token_groups is not None and token_groups < 0:
+            raise ValueError("token_groups must be None (all groups) or >= 0")
+        self.rank = rank
+        self.flush_every_steps = flush_every_steps
+        self.flush_every_s = flush_every_s
+        self.token_every = token_every
+        self.token_groups = token_groups
+        self._vocab = None if vocab is None else np.asarray(list(vocab), dtype=object)
+        self._writer = RunWriter.create(
+            store, run_name, mode, source=source, config=config, model=model, run_id=run_id,
+            rank=rank, world_size=world_size, writer_config=writer_config,
+        )
+        self.run_id = self._writer.run_id
+        self._detector = self._make_detector() if (detector and rank == 0) else None
+        self._wandb = self._make_wandb(wandb) if (wandb is not None and wandb is not False and rank == 0) else None
+        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._abort_status: str | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.errors = 0
+        self.steps_logged = 0
+        self._warned_rank_scalars = False
+        self._thread = threading.Thread(target=self._loop, name=f"RunLogger[{self.run_id}:{rank}]", daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+        if handle_signals:
+            _install_hooks()
+
+    # ------------------------------------------------------------------ optional parts (lazy imports)
+    def _make_detector(self) -> Any:
+        try:
+            from lld_monitor.detect import OnlineDetector  # noqa: PLC0415 - optional, written by another room
+        except ImportError:
+            log.debug("lld_monitor.detect not importable: no online alerts for %s", self.run_id)
+            return None
+        return OnlineDetector()
+
+    def _make_wandb(self, run: Any) -> Any:
+        if run is True:
+            import wandb as _wandb  # noqa: PLC0415
+
+            run = _wandb.run
+            if run is None:
+                raise ValueError("RunLogger(wandb=True) needs an active run: call wandb.init() first, or pass the run")
+        from lld_monitor.integrations.wandb_export import WandbExporter  # noqa: PLC0415
+
+        return WandbExporter(run)
+
+    # ------------------------------------------------------------------ caller side
+    def log_step(
+        self,
+        step: int,
+        scalars: Mapping[str, Any] | None = None,
+        samples: Mapping[str, Any] | None = None,
+        tokens: Mapping[str, Any] | None = None,
+        all_samples: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Copy the inputs to CPU numpy and queue them; returns at once (blocks only if the queue is full)."""
+        if self._closed:
+            raise RuntimeError(f"RunLogger for run {self.run_id!r} is closed")
+        sc = {str(k): to_float(v) for k, v in (scalars or {}).items()}
+        sm = _copy_columns(samples, "samples", SAMPLE_COLUMNS)
+        tk = _copy_columns(tokens, "tokens", TOKEN_COLUMNS)
+        al = _copy_columns(all_samples, "all_samples", SAMPLE_COLUMNS)
+        n = None
+        for what, cols in (("samples", sm), ("all_samples", al)):
+            if cols is None:
+                continue
+            missing = [c for c in REQUIRED_SAMPLE_COLUMNS if c not in cols]
+            if missing:
+                raise ValueError(f"log_step: {what} needs columns {list(REQUIRED_SAMPLE_COLUMNS)}; missing {missing}")
+            lens = {k: (len(v) if v.ndim else 1) for k, v in cols.items()}
+            if len(set(lens.values())) > 1:
+                raise ValueError(f"log_step: {what} columns differ in length: {lens}")
+            if what == "samples":
+                n = next(iter(lens.values()))
+        if tk is not None:
+            if sm is None:
+                raise ValueError("log_step: tokens need the matching samples (rows of tokens = rows of samples)")
+            if "token_id" not in tk:
+                raise ValueError("log_step: tokens need a 'token_id' [N, T] array")
+            shape = tk["token_id"].shape
+            bad = {k: v.shape for k, v in tk.items() if v.shape != shape}
+            if len(shape) != 2 or shape[0] != n or bad:
+                raise ValueError(f"log_step: token arrays must all be [N={n}, T]; token_id is {shape}, others {bad}")
+        item = _Item(int(step), sc, sm, tk, al)
+        try:
+            self._q.put_nowait(item)
+        except queue.Full:
+            t0 = time.perf_counter()
+            self._q.put(item)
+            log.warning("RunLogger queue full: log_step waited %.3f s for the writer thread", time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ writer thread
+    def _loop(self) -> None:
+        last_flush = time.monotonic()
+        pending = 0
+        while True:
+            wait = max(0.0, last_flush + self.flush_every_s - time.monotonic())
+            try:
+                if self._abort_status is not None:
+                    item = self._q.get_nowait()
+                else:
+                    item = self._q.get(timeout=min(wait, 0.5) if wait > 0 else 0.001)
+            except queue.Empty:
+                if self._abort_status is not None:
+                    return  # drained after SIGTERM; the handler finishes the writer
+                item = None
+            if item is _STOP:
+                self._q.task_done()
+                return
+            if item is not None:
+                try:
+                    self._process(item)
+                except Exception:  # noqa: BLE001 - keep training; say what was lost
+                    self.errors += 1
+                    log.exception("run %s: could not log step %s (dropped)", self.run_id, item.step)
+                finally:
+                    self._q.task_done()
+                pending += 1
+            now = time.monotonic()
+            if pending >= self.flush_every_steps or now - last_flush >= self.flush_every_s:
+                try:
+                    self._writer.flush()
+                except Exception:  # noqa: BLE001
+                    self.errors += 1
+                    log.exception("run %s: flush failed; will retry", self.run_id)
+                last_flush, pending = now, 0
+
+    def _process(self, it: _Item) -> None:
+        w = self._writer
+        samples = it.samples
+        if samples is not None and it.tokens is not None:
+            derived = sample_sums_from_tokens(it.tokens)
+            samples = {**{k: v for k, v in derived.items()}, **samples}
+        if samples is not None:
+            samples = derive_sample_columns(samples)
+        signals: dict[str, float] = {}
+        if self.rank == 0:
+            agg_src = it.all_samples if it.all_samples is not None else samples
+            row: dict[str, Any] = step_aggregates(agg_src) if agg_src is not None else {}
+            metrics = {}
+            for k, v in it.scalars.items():
+                if k in STEP_COLUMNS:
+                    row[k] = int(v) if k == "n_samples" and math.isfinite(v) else v
+                else:
+                    metrics[k] = v
+            w.append("steps", {"step": [it.step], **{k: [v] for k, v in row.items()}})
+            if metrics:
+                w.append("metrics", {"step": np.full(len(metrics), it.step), "key": list(metrics),
+                                     "value": np.array(list(metrics.values()), dtype=np.float64)})
+            signals = {k: float(v) for k, v in row.items() if v is not None and k != "n_samples"}
+            signals.update(metrics)
+        elif it.scalars and not self._warned_rank_scalars:
+            log.warning("rank %d: scalars are rank 0's to log; ignoring them on this rank", self.rank)
+            self._warned_rank_scalars = True
+        if samples is not None:
+            n = len(samples["reward"])
+            cols = {k: v for k, v in samples.items() if k in SAMPLE_COLUMNS}
+            cols.setdefault("sample_idx", np.arange(n, dtype=np.int32))
+            w.append("samples", {"step": np.full(n, it.step), **cols})
+            if it.tokens is not None and self._token_step(it.step):
+                self._append_tokens(it.step, cols, it.tokens)
+        alerts: list[Any] = []
+        if self._detector is not None and signals:
+            try:
+                alerts = list(self._detector.update(it.step, signals))
+            except Exception:  # noqa: BLE001
+                log.exception("online detector failed at step %d; disabled for run %s", it.step, self.run_id)
+                self._detector = None
+            if alerts:
+                recs = [dataclasses.asdict(a) if dataclasses.is_dataclass(a) else dict(a) for a in alerts]
+                w.append("alerts", {c: [r.get(c) for r in recs] for c in schema.ALERTS.names if c != "run_id"})
+        if self._wandb is not None:
+            try:
+                self._wandb_forward(it.step, signals, alerts)
+            except Exception:  # noqa: BLE001
+                log.exception("W&B export failed at step %d; disabled for run %s", it.step, self.run_id)
+                self._wandb = None
+        self.steps_logged += 1
+
+    def _wandb_forward(self, step: int, signals: dict[str, float], alerts: list[Any]) -> None:
+        ex = self._wandb
+        if hasattr(ex, "log_step"):
+            ex.log_step(step, signals, alerts)
+        else:
+            ex(step, signals, alerts)
+
+    def _token_step(self, step: int) -> bool:
+        return self.token_every > 0 and step % self.token_every == 0 and self.token_groups != 0
+
+    def _append_tokens(self, step: int, samples: dict[str, np.ndarray], tok: dict[str, np.ndarray]) -> None:
+        ids = tok["token_id"]
+        n, t = ids.shape
+        keep_rows = np.ones(n, dtype=bool)
+        if self.token_groups is not None:
+            groups = samples["group_id"]
+            _, first = np.unique(groups, return_index=True)
+            chosen = groups[np.sort(first)[: self.token_groups]]
+            keep_rows = np.isin(groups, chosen)
+        mask = tok["mask"].astype(bool) if "mask" in tok else np.ones((n, t), dtype=bool)
+        mask &= keep_rows[:, None]
+        r, c = np.nonzero(mask)
+        if r.size == 0:
+            return
+        role = tok["role"][r, c].astype(np.int64) if "role" in tok else np.zeros(r.size, dtype=np.int64)
+        tool = role == TOOL_ROLE
+        roles = np.asarray(schema.ROLES, dtype=object)
+        if np.any((role < 0) | (role >= len(schema.ROLES))):
+            raise ValueError(f"token roles must be codes 0..{len(schema.ROLES) - 1} ({schema.ROLES})")
+        tid = ids[r, c].astype(np.int64)
+        cols: dict[str, Any] = {
+            "step": np.full(r.size, step),
+            "sample_idx": samples["sample_idx"][r].astype(np.int32),
+            "position": c.astype(np.int32),
+            "token_id": tid.astype(np.int32),
+            "role": roles[role].tolist(),
+        }
+        if self._vocab is not None:
+            inside = (tid >= 0) & (tid < len(self._vocab))
+            text = np.where(inside, self._vocab[np.clip(tid, 0, len(self._vocab) - 1)], None)
+            cols["token_text"] = text.tolist()
+        if "action_idx" in tok:
+            cols["action_idx"] = np.where(tool, -1, tok["action_idx"][r, c]).astype(np.int32)
+        import pyarrow as pa  # noqa: PLC0415 - already loaded by the store
+
+        for k in ("logp_old", "logp_new", "logp_ref", "entropy"):
+            if k in tok:
+                vals = tok[k][r, c].astype(np.float32)
+                cols[k] = pa.array(vals, mask=tool, type=pa.float32())  # tool tokens: NULL, NaN stays NaN
+        self._writer.append("tokens", cols)
+
+    # ------------------------------------------------------------------ ending
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything logged so far is processed and visible to readers."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._q.unfinished_tasks > 0 and self._thread.is_alive():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("RunLogger.flush: writer thread still busy")
+            time.sleep(0.005)
+        self._writer.flush()
+
+    def close(self, status: str = "finished", timeout: float | None = None) -> None:
+        """Process everything queued, flush, compact, mark the run `status`. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if self._thread.is_alive():
+                self._q.put(_STOP, timeout=timeout)
+                self._thread.join(timeout)
+        finally:
+            self._writer.finish(status, timeout=timeout)
+            _LIVE.discard(self)
+            if self.errors:
+                log.warning("run %s closed with %d logging error(s); see the log above", self.run_id, self.errors)
+
+    def _abort(self, status: str, timeout: float) -> None:
+        """Signal-handler path: no queue locks (the interrupted frame may hold them)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._abort_status = status
+        self._thread.join(timeout)
+        self._writer.finish(status, timeout=timeout)
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close("crashed" if exc_type is not None else "finished")

@@ -1,0 +1,43 @@
+"""Is the process that writes a run still alive? (pid + start time on this host, heartbeat elsewhere)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import psutil
+
+#: a writer on another host whose heartbeat is older than this is taken as gone
+DEFAULT_STALE_AFTER_S = 300.0
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def writer_identity() -> dict[str, Any]:
+    pid = os.getpid()
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = None
+    return {"pid": pid, "host": this_host(), "pid_started": started}
+
+
+def writer_alive(info: dict[str, Any], heartbeat_age_s: float | None, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> bool:
+    """True while the writer described by `info` (pid, host, pid_started) may still be writing."""
+    pid = info.get("pid")
+    if info.get("host") == this_host() and isinstance(pid, int):
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            started = info.get("pid_started")
+            # a reused pid belongs to a process started later than our writer
+            return started is None or abs(proc.create_time() - float(started)) < 1.0
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.Error:
+            pass  # cannot tell (permissions): fall back to the heartbeat
+    return heartbeat_age_s is None or heartbeat_age_s < stale_after_s

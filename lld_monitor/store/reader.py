@@ -1,0 +1,338 @@
+"""The dashboard side of the store: read-only, never locks anything a writer needs.
+
+Every query plans over the Parquet segments that the runs' manifests list *now* (manifests are
+re-read when their file changed), through an in-memory DuckDB connection. A segment that vanished
+between planning and reading (merged away by the writer) makes the query retry on fresh manifests;
+the caller never sees that race.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from . import layout, liveness, migrations, schema
+from .errors import RunNotFoundError, StoreError
+from .storedir import inspect_store
+
+log = logging.getLogger(__name__)
+
+_DUCK_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int64(): "BIGINT",
+    pa.int32(): "INTEGER",
+    pa.float64(): "DOUBLE",
+    pa.float32(): "FLOAT",
+    pa.bool_(): "BOOLEAN",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+}
+_TRANSIENT = (duckdb.IOException, duckdb.InvalidInputException, FileNotFoundError)
+
+RUN_LIST_COLUMNS = list(schema.RUNS.names) + ["steps", "last_step"]
+
+
+@dataclass
+class RunState:
+    """What the reader knows of one run right now."""
+
+    record: dict[str, Any]
+    status: str
+    updated_at: str | None
+    ranks: list[int]
+    files: dict[str, list[str]] = field(default_factory=dict)
+
+
+class StoreReader:
+    """Read-only view of a store. Methods return pandas DataFrames; thread-safe."""
+
+    def __init__(self, path: str | os.PathLike, *, stale_after_s: float = liveness.DEFAULT_STALE_AFTER_S,
+                 retries: int = 20, retry_sleep_s: float = 0.05):
+        self.path, self.schema_version = inspect_store(path)
+        self.stale_after_s = stale_after_s
+        self.retries = retries
+        self.retry_sleep_s = retry_sleep_s
+        self._con = duckdb.connect(":memory:")
+        self._con.execute("SET TimeZone='UTC'")
+        self._lock = threading.RLock()
+        self._json_cache: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+
+    # ---------------------------------------------------------------- metadata
+    def _read_json_cached(self, path: Path) -> Any:
+        st = path.stat()
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        hit = self._json_cache.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        obj = layout.read_json(path)
+        self._json_cache[path] = (key, obj)
+        return obj
+
+    def _run_state(self, rdir: Path) -> RunState | None:
+        try:
+            rec = self._read_json_cached(rdir / layout.RUN_FILE)
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError) as e:
+            log.warning("skipping run folder %s: its %s is unreadable (%s)", rdir.name, layout.RUN_FILE, e)
+            return None
+        version = int(rec.get("schema_version", self.schema_version or 0) or 0)
+        if version > schema.SCHEMA_VERSION:
+            log.warning("skipping run %s: written with schema_version %d (newer than %d); upgrade lld-monitor",
+                        rdir.name, version, schema.SCHEMA_VERSION)
+            return None
+        rec = migrations.upgrade_run_record(rec, version)
+        now = layout.utcnow()
+        files: dict[str, list[str]] = {t: [] for t in layout.DATA_TABLES}
+        statuses: list[str] = []
+        beats: list[str] = [t for t in (rec.get("updated_at"),) if t]
+        ranks: list[int] = []
+        for mpath in sorted(rdir.glob(f"{layout.MANIFEST_PREFIX}*.json")):
+            try:
+                man = self._read_json_cached(mpath)
+            except FileNotFoundError:
+                continue
+            except (ValueError, UnicodeDecodeError) as e:
+                log.warning("run %s: manifest %s unreadable (%s); its segments are not shown", rdir.name, mpath.name, e)
+                statuses.append("crashed")
+                continue
+            ranks.append(int(man.get("rank", 0)))
+            for t, segs in man.get("segments", {}).items():
+                if t in files:
+                    files[t] += [str(rdir / t / s["file"]) for s in segs]
+            st = man.get("status", "running")
+            beat = man.get("heartbeat")
+            if beat:
+                beats.append(beat)
+            if st == "running":
+                age = (now - layout.parse_iso(beat)).total_seconds() if beat else None
+                if not liveness.writer_alive(man.get("writer", {}), age, self.stale_after_s):
+                    st = "crashed"
+            statuses.append(st)
+        if not statuses:  # no manifest (older layouts, imports): the record alone tells
+            st = rec.get("status", "finished")
+            if st == "running":
+                beat = rec.get("updated_at")
+                age = (now - layout.parse_iso(beat)).total_seconds() if beat else None
+                if not liveness.writer_alive(rec.get("writer", {}), age, self.stale_after_s):
+                    st = "crashed"
+            statuses.append(st)
+        if "crashed" in statuses:
+            status = "crashed"
+        elif "running" in statuses:
+            status = "running"
+        else:
+            status = rec.get("status", "finished")
+            status = "finished" if status == "running" else status
+        updated = max(beats, key=lambda t: layout.parse_iso(t)) if beats else None
+        return RunState(record=rec, status=status, updated_at=updated, ranks=ranks, files=files)
+
+    def _states(self) -> dict[str, RunState]:
+        root = self.path / layout.RUNS_DIR
+        out: dict[str, RunState] = {}
+        if not root.is_dir():
+            return out
+        for rdir in sorted(root.iterdir()):
+            if rdir.name.startswith(".") or not rdir.is_dir():
+                continue
+            stt = self._run_state(rdir)
+            if stt is not None:
+                out[stt.record.get("run_id", rdir.name)] = stt
+        return out
+
+    # ---------------------------------------------------------------- query plumbing
+    def _relation(self, table: str, files: list[str]) -> duckdb.DuckDBPyRelation:
+        sch = schema.TABLES[table]
+        if files:
+            rel = self._con.read_parquet(files, union_by_name=True)
+        else:
+            rel = self._con.from_arrow(sch.empty_table())
+        present = set(rel.columns)
+        exprs = [f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_DUCK_TYPES[f.type]}) AS "{f.name}"' for f in sch]
+        exprs += [f'"{c}"' for c in rel.columns if c not in sch.names]
+        return rel.project(", ".join(exprs))
+
+    def _retry(self, fn):
+        last: Exception | None = None
+        for attempt in range(self.retries):
+            try:
+                with self._lock:
+                    return fn()
+            except _TRANSIENT as e:  # a segment merged away under us, or a manifest mid-replace
+                last = e
+                self._json_cache.clear()
+                time.sleep(self.retry_sleep_s * min(attempt + 1, 4))
+        raise StoreError(f"could not read the store at {self.path} after {self.retries} tries: {last}") from last
+
+    def _run_query(self, run_id: str, table: str, sql: str, params: list | None = None) -> pd.DataFrame:
+        def go() -> pd.DataFrame:
+            st = self._state(run_id)
+            self._relation(table, st.files[table]).create_view("_q", replace=True)
+            return self._con.execute(sql, params or []).df()
+
+        return self._retry(go)
+
+    def _state(self, run_id: str) -> RunState:
+        rdir = layout.run_dir(self.path, run_id) if layout.valid_run_id(run_id) else None
+        st = self._run_state(rdir) if rdir is not None and rdir.is_dir() else None
+        if st is None:
+            raise RunNotFoundError(f"no run with id {run_id!r} in {self.path}; see r.runs() or `lld-monitor runs`")
+        return st
+
+    # ---------------------------------------------------------------- public API
+    def runs(self) -> pd.DataFrame:
+        """One row per run: schema.RUNS columns + steps (rows stored) + last_step. Newest first."""
+
+        def go() -> pd.DataFrame:
+            states = self._states()
+            files = [f for s in states.values() for f in s.files["steps"]]
+            self._relation("steps", files).create_view("_q", replace=True)
+            counts = self._con.execute(
+                'SELECT run_id, count(DISTINCT step) AS steps, max(step) AS last_step FROM _q GROUP BY run_id'
+            ).fetchall()
+            return self._runs_frame(states, {r[0]: (r[1], r[2]) for r in counts})
+
+        return self._retry(go)
+
+    def _runs_frame(self, states: dict[str, RunState], counts: dict[str, tuple[int, int]]) -> pd.DataFrame:
+        rows = []
+        for rid, st in states.items():
+            rec = st.record
+            n, last = counts.get(rid, (0, None))
+            rows.append({
+                "run_id": rid,
+                "name": rec.get("name"),
+                "mode": rec.get("mode", "unknown"),
+                "source": rec.get("source", "local"),
+                "status": st.status,
+                "config": layout.dumps(rec.get("config") or {}),
+                "model": rec.get("model"),
+                "started_at": rec.get("started_at"),
+                "ended_at": rec.get("ended_at") if st.status != "running" else None,
+                "updated_at": st.updated_at,
+                "world_size": int(rec.get("world_size") or 1),
+                "schema_version": int(rec.get("schema_version") or schema.SCHEMA_VERSION),
+                "steps": int(n),
+                "last_step": None if last is None else int(last),
+            })
+        df = pd.DataFrame(rows, columns=RUN_LIST_COLUMNS)
+        for c in ("started_at", "ended_at", "updated_at"):
+            df[c] = pd.to_datetime(df[c], utc=True, format="ISO8601")
+        df["world_size"] = df["world_size"].astype("int32")
+        df["schema_version"] = df["schema_version"].astype("int32")
+        df["steps"] = df["steps"].astype("int64")
+        df["last_step"] = df["last_step"].astype("Int64")
+        if len(df):
+            df = df.sort_values("started_at", ascending=False, kind="stable").reset_index(drop=True)
+        return df
+
+    def run(self, run_id_or_name: str) -> dict[str, Any]:
+        """One run row as a dict; looks up a run_id first, then an exact name (ambiguous -> newest)."""
+        df = self.runs()
+        hit = df[df["run_id"] == run_id_or_name]
+        if hit.empty:
+            hit = df[df["name"] == run_id_or_name]
+        if hit.empty:
+            known = ", ".join(repr(n) for n in df["name"].head(10))
+            raise RunNotFoundError(
+                f"no run with id or name {run_id_or_name!r} in {self.path}" + (f"; runs include {known}" if known else "")
+            )
+        row = hit.sort_values("started_at", ascending=False).iloc[0].to_dict()
+        return {k: (None if (v is pd.NA or v is pd.NaT) else v) for k, v in row.items()}
+
+    def steps(self, run_id: str, columns: list[str] | None = None) -> pd.DataFrame:
+        cols = list(schema.STEPS.names) if columns is None else list(columns)
+        bad = [c for c in cols if c not in schema.STEPS.names]
+        if bad:
+            raise StoreError(f"unknown steps column(s) {bad}; known: {schema.STEPS.names}")
+        if "step" not in cols:
+            cols = ["step"] + cols
+        sel = ", ".join(f'"{c}"' for c in cols)
+        return self._run_query(run_id, "steps", f"SELECT {sel} FROM _q ORDER BY step")
+
+    def metrics(self, run_id: str, keys: list[str] | None = None) -> pd.DataFrame:
+        if keys is None:
+            return self._run_query(run_id, "metrics", "SELECT step, key, value FROM _q ORDER BY step, key")
+        return self._run_query(run_id, "metrics", "SELECT step, key, value FROM _q WHERE list_contains(?, key) "
+                               "ORDER BY step, key", [list(keys)])
+
+    def signals(self, run_id: str) -> pd.DataFrame:
+        """steps + metrics pivoted wide: one row per step, STEPS columns then metric keys as columns."""
+        steps = self.steps(run_id)
+        metrics = self.metrics(run_id)
+        if metrics.empty:
+            return steps
+        wide = metrics.pivot_table(index="step", columns="key", values="value", aggfunc="last", dropna=False)
+        wide = wide[[c for c in wide.columns if c not in steps.columns]]
+        wide.columns.name = None
+        out = steps.merge(wide.reset_index(), on="step", how="outer")
+        return out.sort_values("step").reset_index(drop=True)
+
+    def samples(self, run_id: str, step: int | None = None, rank: int | None = None) -> pd.DataFrame:
+        where, params = ["TRUE"], []
+        if step is not None:
+            where.append("step = ?")
+            params.append(int(step))
+        if rank is not None:
+            where.append("rank = ?")
+            params.append(int(rank))
+        return self._run_query(run_id, "samples", f"SELECT * FROM _q WHERE {' AND '.join(where)} "
+                               "ORDER BY step, rank, sample_idx", params)
+
+    def tokens(self, run_id: str, step: int, sample_idx: int | None = None, rank: int | None = None) -> pd.DataFrame:
+        where, params = ["step = ?"], [int(step)]
+        if sample_idx is not None:
+            where.append("sample_idx = ?")
+            params.append(int(sample_idx))
+        if rank is not None:
+            where.append("rank = ?")
+            params.append(int(rank))
+        return self._run_query(run_id, "tokens", f"SELECT * FROM _q WHERE {' AND '.join(where)} "
+                               "ORDER BY rank, sample_idx, position", params)
+
+    def token_steps(self, run_id: str) -> list[int]:
+        df = self._run_query(run_id, "tokens", "SELECT DISTINCT step FROM _q ORDER BY step")
+        return [int(s) for s in df["step"]]
+
+    def alerts(self, run_id: str) -> pd.DataFrame:
+        return self._run_query(run_id, "alerts", "SELECT * FROM _q ORDER BY step")
+
+    def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
+        """Run read-only SQL over views runs, steps, metrics, samples, tokens, alerts (all runs). Use ? params."""
+
+        def go() -> pd.DataFrame:
+            states = self._states()
+            for t in layout.DATA_TABLES:
+                self._relation(t, [f for s in states.values() for f in s.files[t]]).create_view(t, replace=True)
+            self._relation("steps", [f for s in states.values() for f in s.files["steps"]]).create_view("_q", replace=True)
+            counts = self._con.execute(
+                "SELECT run_id, count(DISTINCT step), max(step) FROM _q GROUP BY run_id").fetchall()
+            runs_df = self._runs_frame(states, {r[0]: (r[1], r[2]) for r in counts})
+            self._con.register("_runs_df", runs_df)
+            self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_df")
+            return self._con.execute(query, params or []).df()
+
+        return self._retry(go)
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+    def __enter__(self) -> "StoreReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_store_reader(path: str | os.PathLike, **kwargs: Any) -> StoreReader:
+    """Open a store for reading (NotAStoreError / NewerSchemaError with a clear message if it is not one)."""
+    return StoreReader(path, **kwargs)

@@ -1,0 +1,354 @@
+"""The trainer side of the store: one RunWriter per (run, rank) process.
+
+Each flush writes one Parquet segment per table that has new rows (temp name + os.replace), then
+atomically replaces this rank's manifest, which lists the live segments. A reader that reads the
+manifest sees every segment it lists complete, and a prefix of what this rank appended.
+Segments are merged as the run goes (size-tiered: `compact_fanout` segments of one level become one
+of the next level) and into one file per table at `finish()`, so a run holds few files. Merged-away
+segments stay on disk for `retire_grace_s` so a reader that planned a query on the previous manifest
+can finish it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import layout, liveness, schema
+from .convert import conform, to_table
+from .errors import StoreError
+from .storedir import open_store_for_write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WriterConfig:
+    compact_fanout: int = 8  # this many segments of one level are merged into one of the next level
+    retire_grace_s: float = 5.0  # merged-away segments are deleted after this long
+    compression: str = "snappy"
+    merge_row_group_rows: int = 256 * 1024  # row-group size of merged segments
+    final_compaction: bool = True  # merge each table into one file per rank at finish()
+
+
+def _now_iso() -> str:
+    return layout.iso(layout.utcnow())  # type: ignore[return-value]
+
+
+def _write_parquet_atomic(table: pa.Table, path: Path, compression: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression=compression)
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """Writes one rank of one run. Create it with `RunWriter.create(...)`; thread-safe."""
+
+    def __init__(self, store: Path, run_id: str, rank: int, record: dict[str, Any], manifest: dict[str, Any],
+                 cfg: WriterConfig, trash: Path | None = None):
+        self.store = store
+        self.run_id = run_id
+        self.rank = rank
+        self.cfg = cfg
+        self._record = record
+        self._manifest = manifest
+        self._trash = trash
+        self._buffers: dict[str, list[pa.Table]] = {t: [] for t in layout.DATA_TABLES}
+        self._lock = threading.RLock()
+        self._finished = False
+        self.rows_written: dict[str, int] = {t: 0 for t in layout.DATA_TABLES}
+
+    # ---------------------------------------------------------------- creation
+    @classmethod
+    def create(
+        cls,
+        store_path: str | os.PathLike,
+        name: str,
+        mode: str,
+        source: str = "local",
+        config: dict | None = None,
+        model: str | None = None,
+        run_id: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        overwrite: bool = False,
+        writer_config: WriterConfig | None = None,
+    ) -> "RunWriter":
+        """Start writing a run (rank 0) or join one (rank > 0, same run_id)."""
+        if not isinstance(name, str) or not name.strip():
+            raise StoreError("a run needs a non-empty name")
+        if mode not in schema.MODES:
+            raise StoreError(f"mode {mode!r} is not one of {schema.MODES}")
+        if source not in schema.SOURCES:
+            raise StoreError(f"source {source!r} is not one of {schema.SOURCES}")
+        if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
+            raise StoreError(f"rank {rank!r} must be an int in [0, world_size={world_size!r})")
+        if run_id is None:
+            if rank > 0:
+                raise StoreError("rank > 0 must pass the run_id of rank 0 (broadcast it, e.g. with torch.distributed)")
+            run_id = layout.new_run_id(name)
+        elif not layout.valid_run_id(run_id):
+            raise StoreError(
+                f"run_id {run_id!r} is not filesystem-safe: use letters, digits, '.', '_' and '-' (max 128); "
+                "free text belongs in the run name"
+            )
+        store = open_store_for_write(store_path)
+        rdir = layout.run_dir(store, run_id)
+        mpath = layout.manifest_path(store, run_id, rank)
+        trash = None
+        if mpath.exists():
+            if not overwrite:
+                raise StoreError(
+                    f"run {run_id!r} (rank {rank}) already exists in {store}; nothing was changed. "
+                    "Pass overwrite=True to replace it, or use another run_id."
+                )
+            trash = store / layout.RUNS_DIR / f".trash-{run_id}-{time.time_ns()}"
+            os.replace(rdir, trash)
+            log.info("overwrite: moved the old run %s aside to %s until the new one finishes", run_id, trash.name)
+        now = _now_iso()
+        ident = liveness.writer_identity()
+        record = {
+            "run_id": run_id,
+            "name": name,
+            "mode": mode,
+            "source": source,
+            "status": "running",
+            "config": config or {},
+            "model": model,
+            "started_at": now,
+            "ended_at": None,
+            "updated_at": now,
+            "world_size": world_size,
+            "schema_version": schema.SCHEMA_VERSION,
+            "writer": {**ident, "rank": rank},
+        }
+        rdir.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            layout.write_json_atomic(rdir / layout.RUN_FILE, record)
+        else:
+            layout.create_json_exclusive(rdir / layout.RUN_FILE, record)  # placeholder until rank 0 writes
+        manifest = {
+            "run_id": run_id,
+            "rank": rank,
+            "world_size": world_size,
+            "writer": ident,
+            "status": "running",
+            "started_at": now,
+            "heartbeat": now,
+            "ended_at": None,
+            "seq": 0,
+            "segments": {t: [] for t in layout.DATA_TABLES},
+            "retired": [],
+        }
+        layout.write_json_atomic(mpath, manifest)
+        w = cls(store, run_id, rank, record, manifest, writer_config or WriterConfig(), trash)
+        log.debug("writing run %s rank %d into %s", run_id, rank, store)
+        return w
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def path(self) -> Path:
+        return layout.run_dir(self.store, self.run_id)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    # ---------------------------------------------------------------- writing
+    def append(self, table_name: str, rows: Any) -> int:
+        """Buffer rows for `table_name` (run_id filled in; rank defaults to this writer's). Returns the row count."""
+        if table_name not in layout.DATA_TABLES:
+            raise StoreError(
+                f"unknown table {table_name!r}; data tables are {layout.DATA_TABLES} "
+                "(the runs row is kept by RunWriter itself)"
+            )
+        if self.rank > 0 and table_name not in ("samples", "tokens"):
+            raise StoreError(f"rank {self.rank} may write samples and tokens only; {table_name!r} is rank 0's job")
+        sch = schema.TABLES[table_name]
+        defaults: dict[str, Any] = {}
+        if "rank" in sch.names:
+            defaults["rank"] = self.rank
+        if table_name == "steps":
+            defaults["time"] = layout.utcnow()
+        tbl = to_table(table_name, rows, sch, force={"run_id": self.run_id}, defaults=defaults)
+        if tbl.num_rows and tbl.column("step").null_count:
+            raise StoreError(f"table {table_name!r}: every row needs a step")
+        with self._lock:
+            self._check_open()
+            if tbl.num_rows:
+                self._buffers[table_name].append(tbl)
+        return tbl.num_rows
+
+    def flush(self) -> None:
+        """Make everything appended so far visible to readers (one segment per table, one manifest write)."""
+        with self._lock:
+            self._check_open()
+            self._flush_locked()
+            self._compact_locked(final=False)
+            self._delete_retired_locked(force=False)
+
+    def heartbeat(self) -> None:
+        """Tell readers this writer is alive (RunLogger calls it every flush interval)."""
+        with self._lock:
+            if self._finished:
+                return
+            self._manifest["heartbeat"] = _now_iso()
+            self._write_manifest()
+
+    def finish(self, status: str = "finished", timeout: float | None = None) -> None:
+        """Final flush, final compaction, status. Idempotent.
+
+        `timeout` (seconds) bounds the wait for another thread's flush (signal handlers use it)."""
+        if status not in schema.STATUSES or status == "running":
+            raise StoreError(f"finish(status=...) takes 'finished' or 'crashed', not {status!r}")
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise StoreError(f"run {self.run_id!r}: another thread holds the writer; could not finish in {timeout} s")
+        try:
+            if self._finished:
+                return
+            try:
+                self._flush_locked()
+                if self.cfg.final_compaction:
+                    self._compact_locked(final=True)
+            finally:
+                now = _now_iso()
+                self._manifest.update(status=status, ended_at=now, heartbeat=now)
+                self._write_manifest()
+                if self.rank == 0:
+                    self._record.update(status=status, ended_at=now, updated_at=now)
+                    layout.write_json_atomic(self.path / layout.RUN_FILE, self._record)
+                self._finished = True
+                self._delete_retired_locked(force=True)
+                if self._trash is not None and status == "finished":
+                    shutil.rmtree(self._trash, ignore_errors=True)
+            log.debug("run %s rank %d %s", self.run_id, self.rank, status)
+        finally:
+            self._lock.release()
+
+    def update_run(self, **fields: Any) -> None:
+        """Change fields of the runs row (rank 0): e.g. config or model known only after start."""
+        if self.rank != 0:
+            raise StoreError("only rank 0 writes the runs row")
+        bad = [k for k in fields if k not in schema.RUNS.names or k in ("run_id", "schema_version", "status")]
+        if bad:
+            raise StoreError(f"update_run: cannot set {bad}")
+        with self._lock:
+            self._record.update(fields, updated_at=_now_iso())
+            layout.write_json_atomic(self.path / layout.RUN_FILE, self._record)
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish("crashed" if exc_type is not None else "finished")
+
+    # ---------------------------------------------------------------- internals
+    def _check_open(self) -> None:
+        if self._finished:
+            raise StoreError(f"run {self.run_id!r} rank {self.rank} is already finished; create a new RunWriter")
+
+    def _next_name(self, level: int) -> str:
+        self._manifest["seq"] += 1
+        return f"r{self.rank}-{self._manifest['seq']:09d}-L{level}.parquet"
+
+    def _write_manifest(self) -> None:
+        layout.write_json_atomic(layout.manifest_path(self.store, self.run_id, self.rank), self._manifest)
+
+    def _flush_locked(self) -> None:
+        wrote = False
+        for t, parts in self._buffers.items():
+            if not parts:
+                continue
+            tbl = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            tdir = self.path / t
+            tdir.mkdir(exist_ok=True)
+            fname = self._next_name(0)
+            _write_parquet_atomic(tbl, tdir / fname, self.cfg.compression)
+            self._manifest["segments"][t].append({"file": fname, "level": 0, "rows": tbl.num_rows})
+            self.rows_written[t] += tbl.num_rows
+            self._buffers[t] = []
+            wrote = True
+        # the heartbeat goes out with every flush, with or without new rows
+        self._manifest["heartbeat"] = _now_iso()
+        self._write_manifest()
+        if wrote:
+            log.debug("run %s rank %d: flushed", self.run_id, self.rank)
+
+    def _merge(self, table: str, segs: list[dict[str, Any]], level: int) -> dict[str, Any]:
+        sch = schema.TABLES[table]
+        tdir = self.path / table
+        fname = self._next_name(level)
+        tmp = tdir / f".{fname}.tmp"
+        rows = 0
+        pending: list[pa.Table] = []
+        pending_rows = 0
+        with pq.ParquetWriter(tmp, sch, compression=self.cfg.compression) as pw:
+            for s in segs:
+                part = conform(pq.read_table(tdir / s["file"]), sch)
+                pending.append(part)
+                pending_rows += part.num_rows
+                if pending_rows >= self.cfg.merge_row_group_rows:
+                    pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
+                    rows += pending_rows
+                    pending, pending_rows = [], 0
+            if pending:
+                pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
+                rows += pending_rows
+        os.replace(tmp, tdir / fname)
+        return {"file": fname, "level": level, "rows": rows}
+
+    def _compact_locked(self, final: bool) -> None:
+        changed = False
+        now = time.time()
+        for t in layout.DATA_TABLES:
+            segs: list[dict[str, Any]] = self._manifest["segments"][t]
+            if final:
+                if len(segs) > 1:
+                    merged = self._merge(t, segs, max(s["level"] for s in segs) + 1)
+                    self._manifest["retired"] += [{"path": f"{t}/{s['file']}", "at": now} for s in segs]
+                    self._manifest["segments"][t] = [merged]
+                    changed = True
+                continue
+            fan = max(2, self.cfg.compact_fanout)
+            while True:
+                by_level: dict[int, list[int]] = {}
+                for i, s in enumerate(segs):
+                    by_level.setdefault(s["level"], []).append(i)
+                full = [lv for lv, idx in sorted(by_level.items()) if len(idx) >= fan]
+                if not full:
+                    break
+                lv = full[0]
+                idx = by_level[lv][:fan]
+                group = [segs[i] for i in idx]
+                merged = self._merge(t, group, lv + 1)
+                self._manifest["retired"] += [{"path": f"{t}/{s['file']}", "at": now} for s in group]
+                segs = [s for i, s in enumerate(segs) if i not in set(idx[1:])]
+                segs[idx[0]] = merged
+                self._manifest["segments"][t] = segs
+                changed = True
+        if changed:
+            self._write_manifest()
+
+    def _delete_retired_locked(self, force: bool) -> None:
+        keep = []
+        now = time.time()
+        for r in self._manifest["retired"]:
+            if force or now - r["at"] >= self.cfg.retire_grace_s:
+                try:
+                    os.unlink(self.path / r["path"])
+                except FileNotFoundError:
+                    pass
+            else:
+                keep.append(r)
+        if len(keep) != len(self._manifest["retired"]):
+            self._manifest["retired"] = keep
+            self._write_manifest()
