@@ -1,0 +1,31 @@
+"""lld-monitor dashboard (Streamlit entry point): `lld-monitor serve` or `streamlit run app.py`.
+
+Navigation over the page files in pages/; the sidebar (store location + run picker) is drawn here, once
+per script run, so every page has it. Pages are thin: data from lld_monitor.ui.queries (through the
+cached wrappers in lld_monitor.ui.widgets), figures from lld_monitor.ui.figures.
+"""
+
+from pathlib import Path
+
+import streamlit as st
+
+from lld_monitor.ui import widgets
+
+HERE = Path(__file__).resolve().parent
+PAGES = HERE / "pages"
+
+st.set_page_config(page_title="lld-monitor", page_icon="📉", layout="wide")
+
+pages = [
+    st.Page(str(PAGES / "live_health.py"), title="Live health", icon="📈", url_path="live", default=True),
+    st.Page(str(PAGES / "compare_runs.py"), title="Compare runs", icon="🔀", url_path="compare"),
+    st.Page(str(PAGES / "token_inspector.py"), title="Token inspector", icon="🔍", url_path="tokens"),
+    st.Page(str(PAGES / "post_mortem.py"), title="Post-mortem", icon="🩺", url_path="post_mortem"),
+]
+# slot for the Integrations room's page (pages/import_wandb.py), included when present
+if (PAGES / "import_wandb.py").exists():
+    pages.append(st.Page(str(PAGES / "import_wandb.py"), title="Import from W&B", icon="📥", url_path="import_wandb"))
+
+nav = st.navigation(pages)
+widgets.sidebar()
+nav.run()

@@ -1,0 +1,275 @@
+"""Plotly figure builders. Pure: DataFrames in, `go.Figure` out (no Streamlit, no store access)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from lld_monitor.ui import signals as sig
+from lld_monitor.ui.phases import PHASE_COLORS, PHASE_SOLID, SEVERITY_COLORS
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
+ROLE_COLORS = {"action": "#1f77b4", "answer": "#2ca02c", "tool": "#9e9e9e"}
+
+
+def _mode(n: int) -> str:
+    return "lines+markers" if n <= 30 else "lines"
+
+
+def empty_figure(message: str, height: int = 260) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(height=height, margin=dict(l=20, r=20, t=30, b=20))
+    return fig
+
+
+def add_phase_bands(fig: go.Figure, bands: pd.DataFrame | None, *, rows: int = 1, label: bool = True) -> None:
+    """Shade every phase band across all subplots (shared step axis), labelled once at the top."""
+    if bands is None or bands.empty:
+        return
+    n = len(bands)
+    for i, (_, b) in enumerate(bands.iterrows()):
+        # a band runs from its first step up to the next band's first step (the last one to the last step)
+        x0, x1 = float(b["start"]), float(b["end"]) + (0.5 if i == n - 1 else 0.0)
+        if i == 0:
+            x0 -= 0.5
+        color = PHASE_COLORS.get(str(b["phase"]), "rgba(128,128,128,0.1)")
+        for r in range(1, rows + 1):
+            fig.add_vrect(x0=x0, x1=x1, fillcolor=color, line_width=0, layer="below", row=r, col=1)
+        if label:
+            fig.add_annotation(
+                x=(x0 + x1) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                text=str(b["phase"]), font=dict(size=11, color=PHASE_SOLID.get(str(b["phase"]), "#555")),
+            )
+
+
+def _value_at(steps: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """values at the nearest stored step ≤ each `at` (alerts may fall between logged steps)."""
+    if len(steps) == 0:
+        return np.full(len(at), np.nan)
+    idx = np.clip(np.searchsorted(steps, at, side="right") - 1, 0, len(steps) - 1)
+    return values[idx]
+
+
+def add_alert_markers(fig: go.Figure, alerts: pd.DataFrame | None, panels: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+    """A marker per alert on every panel (at the panel's first signal's value), hover = the alert message."""
+    if alerts is None or len(alerts) == 0:
+        return
+    a = alerts.sort_values("step")
+    at = a["step"].to_numpy(dtype="float64")
+    colors = [SEVERITY_COLORS.get(str(s), "#555") for s in a["severity"]]
+    text = [
+        f"<b>{s} alert</b> · step {int(st)}<br>{sig_}: {m}" for s, st, sig_, m in
+        zip(a["severity"], a["step"], a["signal"], a["message"].fillna(""))
+    ]
+    for i, (row, steps, values) in enumerate(panels):
+        y = _value_at(steps, values, at)
+        fig.add_trace(
+            go.Scatter(
+                x=at, y=y, mode="markers", name="alerts", legendgroup="alerts", showlegend=(i == 0),
+                marker=dict(symbol="triangle-down", size=11, color=colors, line=dict(width=1, color="white")),
+                hovertext=text, hoverinfo="text",
+            ),
+            row=row, col=1,
+        )
+
+
+def _add_signal(fig, steps, values, name, color, smoothing, row, secondary=None, dash=None, group=None, show=True):
+    kw = {"secondary_y": secondary} if secondary is not None else {}
+    n = int(np.isfinite(values).sum())
+    if smoothing > 0 and n > 1:
+        fig.add_trace(
+            go.Scatter(x=steps, y=values, mode="lines", name=f"{name} (raw)", legendgroup=group or name,
+                       line=dict(color=color, width=1, dash=dash), opacity=0.3, showlegend=False, hoverinfo="skip"),
+            row=row, col=1, **kw,
+        )
+        fig.add_trace(
+            go.Scatter(x=steps, y=sig.ema(values, smoothing), mode="lines", name=name, legendgroup=group or name,
+                       line=dict(color=color, width=2, dash=dash), showlegend=show,
+                       customdata=values, hovertemplate=f"{name}: %{{y:.4g}} (raw %{{customdata:.4g}})<extra></extra>"),
+            row=row, col=1, **kw,
+        )
+    else:
+        fig.add_trace(
+            go.Scatter(x=steps, y=values, mode=_mode(len(steps)), name=name, legendgroup=group or name,
+                       line=dict(color=color, width=2, dash=dash), showlegend=show,
+                       hovertemplate=f"{name}: %{{y:.4g}}<extra></extra>"),
+            row=row, col=1, **kw,
+        )
+
+
+def live_health_figure(
+    signals: pd.DataFrame,
+    bands: pd.DataFrame | None = None,
+    alerts: pd.DataFrame | None = None,
+    smoothing: float = 0.0,
+    panels: tuple[sig.SignalSpec, ...] = sig.LIVE_PANELS,
+    height_per_panel: int = 190,
+) -> go.Figure:
+    """The run's key signals stacked on one shared step axis, phase bands shaded, alerts marked on every panel."""
+    frame = sig.canonical_frame(signals)
+    if len(frame) == 0:
+        return empty_figure("No steps logged yet.")
+    steps = frame["step"].to_numpy(dtype="float64")
+    specs = [[{"secondary_y": bool(p.secondary)}] for p in panels]
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.045,
+                        subplot_titles=[p.title for p in panels], specs=specs)
+    marker_panels: list[tuple[int, np.ndarray, np.ndarray]] = []
+    color_i = 0
+    for r, panel in enumerate(panels, start=1):
+        first_values = None
+        for secondary, names in ((False, panel.signals), (True, panel.secondary)):
+            for name in names:
+                color = PALETTE[color_i % len(PALETTE)]
+                color_i += 1
+                if name not in frame.columns:
+                    continue
+                values = frame[name].to_numpy(dtype="float64")
+                if first_values is None:
+                    first_values = values
+                _add_signal(fig, steps, values, sig.label(name), color, smoothing, r,
+                            secondary=secondary if panel.secondary else None, dash="dot" if secondary else None)
+        if first_values is None:
+            fig.add_annotation(text="not logged by this run", showarrow=False, row=r, col=1,
+                               x=0.5, y=0.5, xref="x domain", yref="y domain", font=dict(color="#888"))
+            first_values = np.full(len(steps), np.nan)
+        marker_panels.append((r, steps, first_values))
+    add_phase_bands(fig, bands, rows=len(panels))
+    add_alert_markers(fig, alerts, marker_panels)
+    fig.update_xaxes(title_text="step", row=len(panels), col=1)
+    fig.update_layout(
+        height=height_per_panel * len(panels) + 80, hovermode="x unified",
+        margin=dict(l=60, r=30, t=60, b=40), legend=dict(orientation="h", y=1.04, x=0, yanchor="bottom"),
+    )
+    return fig
+
+
+def compare_figure(
+    runs: list[tuple[str, pd.DataFrame]],
+    names: list[str] | tuple[str, ...] = sig.COMPARE_DEFAULT,
+    smoothing: float = 0.0,
+    bands: pd.DataFrame | None = None,
+    height_per_panel: int = 180,
+) -> go.Figure:
+    """Several runs overlaid on the same signals, one panel per signal, aligned on the step axis.
+
+    `runs` is a list of (label, signals DataFrame); `bands` (optional) shades the first run's phases.
+    """
+    names = list(names)
+    if not runs or not names:
+        return empty_figure("Pick at least one run and one signal.")
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                        subplot_titles=[sig.label(n) for n in names])
+    for i, (run_label, signals) in enumerate(runs):
+        frame = sig.canonical_frame(signals, names) if signals is not None else pd.DataFrame()
+        extra = [n for n in names if n not in frame.columns and signals is not None and n in signals.columns]
+        for n in extra:
+            frame[n] = pd.to_numeric(signals[n], errors="coerce").to_numpy()
+        color = PALETTE[i % len(PALETTE)]
+        for r, n in enumerate(names, start=1):
+            if n not in frame.columns:
+                continue
+            _add_signal(fig, frame["step"].to_numpy(dtype="float64"), frame[n].to_numpy(dtype="float64"),
+                        run_label, color, smoothing, r, group=run_label, show=(r == 1))
+    add_phase_bands(fig, bands, rows=len(names))
+    fig.update_xaxes(title_text="step", row=len(names), col=1)
+    fig.update_layout(height=height_per_panel * len(names) + 80, hovermode="x unified",
+                      margin=dict(l=60, r=30, t=60, b=40), legend=dict(orientation="h", y=1.03, x=0, yanchor="bottom"))
+    return fig
+
+
+def token_delta_figure(tokens: pd.DataFrame) -> go.Figure:
+    """One response's per-token Δ along its positions, coloured by role; tool tokens drawn as grey gaps."""
+    if tokens is None or tokens.empty:
+        return empty_figure("No tokens for this sample.", height=220)
+    t = tokens.sort_values("position")
+    delta = (t["logp_new"].astype("float64") - t["logp_old"].astype("float64"))
+    fig = go.Figure()
+    for role in ("action", "answer", "tool"):
+        m = (t["role"] == role).to_numpy()
+        if not m.any():
+            continue
+        sub = t[m]
+        y = delta[m] if role != "tool" else np.zeros(int(m.sum()))
+        fig.add_trace(go.Bar(
+            x=sub["position"], y=y, name=role if role != "tool" else "tool (unscored)",
+            marker_color=ROLE_COLORS[role], customdata=np.stack([sub["token_text"].fillna("").astype(str),
+                                                                 sub["action_idx"].astype(str)], axis=1),
+            hovertemplate="pos %{x} · %{customdata[0]}<br>action %{customdata[1]}<br>Δ %{y:.4f}<extra>" + role + "</extra>",
+        ))
+    fig.update_layout(height=240, bargap=0.05, margin=dict(l=50, r=20, t=30, b=40),
+                      xaxis_title="token position", yaxis_title="Δ = logp after − before",
+                      legend=dict(orientation="h", y=1.1))
+    return fig
+
+
+def role_delta_distribution(step_tokens: pd.DataFrame) -> go.Figure:
+    """The step's distribution of token Δ per role (tool tokens have no Δ and are counted only)."""
+    if step_tokens is None or step_tokens.empty:
+        return empty_figure("No token data at this step.", height=260)
+    fig = go.Figure()
+    delta = step_tokens["logp_new"].astype("float64") - step_tokens["logp_old"].astype("float64")
+    for role in ("action", "answer"):
+        d = delta[(step_tokens["role"] == role).to_numpy()].dropna()
+        if len(d):
+            fig.add_trace(go.Violin(y=d, name=f"{role} (n={len(d)})", line_color=ROLE_COLORS[role],
+                                    box_visible=True, meanline_visible=True, points=False, spanmode="hard"))
+    n_tool = int((step_tokens["role"] == "tool").sum())
+    if not fig.data:
+        return empty_figure("No scored tokens at this step.", height=260)
+    fig.add_hline(y=0, line_dash="dot", line_color="#888")
+    fig.update_layout(height=300, margin=dict(l=50, r=20, t=40, b=40), yaxis_title="token Δ",
+                      title=dict(text=f"Token Δ by role at this step ({n_tool} tool tokens unscored)", font=dict(size=13)),
+                      showlegend=False)
+    return fig
+
+
+def phase_timeline_figure(bands: pd.DataFrame, alerts: pd.DataFrame | None = None,
+                          collapse_step: int | None = None) -> go.Figure:
+    """Phases as coloured segments along the step axis, alerts as markers per signal row."""
+    if bands is None or bands.empty:
+        return empty_figure("No phases (the run has no steps).", height=200)
+    fig = go.Figure()
+    n = len(bands)
+    for i, (_, b) in enumerate(bands.iterrows()):
+        last = i == n - 1
+        fig.add_trace(go.Bar(
+            x=[float(b["end"]) - float(b["start"]) + (1 if last else 0)], base=[float(b["start"]) - (0.5 if last else 0)],
+            y=["phase"], orientation="h",
+            marker_color=PHASE_SOLID.get(str(b["phase"]), "#888"), name=str(b["phase"]),
+            hovertemplate=f"{b['phase']}: steps {int(b['start'])}–{int(b['end']) - (0 if last else 1)}<extra></extra>",
+            text=str(b["phase"]), textposition="inside", insidetextanchor="middle",
+        ))
+    n_rows = 1
+    if alerts is not None and len(alerts):
+        signals_ = list(dict.fromkeys(alerts.sort_values("step")["signal"].astype(str)))
+        n_rows += len(signals_)
+        fig.add_trace(go.Scatter(
+            x=alerts["step"], y=alerts["signal"].astype(str), mode="markers", name="alerts",
+            marker=dict(symbol="diamond", size=10, color=[SEVERITY_COLORS.get(str(s), "#555") for s in alerts["severity"]]),
+            hovertext=[f"step {int(s)} · {sev}: {m}" for s, sev, m in zip(alerts["step"], alerts["severity"], alerts["message"].fillna(""))],
+            hoverinfo="text",
+        ))
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(signals_)) + ["phase"])
+    if collapse_step is not None:
+        fig.add_vline(x=collapse_step, line_color="#d62728", line_dash="dash",
+                      annotation_text=f"collapse @ {collapse_step}", annotation_position="top")
+    fig.update_layout(barmode="overlay", height=140 + 28 * n_rows, showlegend=False, xaxis_title="step",
+                      margin=dict(l=140, r=20, t=40, b=40))
+    return fig
+
+
+def lead_figure(leads: pd.DataFrame) -> go.Figure:
+    """Horizontal bars: how many steps each signal's first alert led the collapse."""
+    if leads is None or leads.empty or leads["lead_steps"].isna().all():
+        return empty_figure("No lead times (no alerts or no collapse).", height=200)
+    d = leads.dropna(subset=["lead_steps"]).sort_values("lead_steps")
+    fig = go.Figure(go.Bar(x=d["lead_steps"].astype(float), y=d["signal"], orientation="h",
+                           marker_color=[SEVERITY_COLORS.get(str(s), "#555") for s in d["severity"]],
+                           hovertemplate="%{y}: first alert %{x} steps before collapse<extra></extra>"))
+    fig.update_layout(height=120 + 26 * len(d), xaxis_title="steps ahead of the collapse", margin=dict(l=160, r=20, t=30, b=40))
+    return fig

@@ -1,0 +1,150 @@
+"""Phase bands, alert tables and lead times, from the detector's result (lld_monitor.detect) and stored alerts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from lld_monitor.store import schema
+
+log = logging.getLogger(__name__)
+
+PHASE_COLORS: dict[str, str] = {
+    "healthy": "rgba(46, 160, 67, 0.10)",
+    "stagnation": "rgba(210, 170, 0, 0.16)",
+    "decay": "rgba(230, 120, 0, 0.18)",
+    "collapse": "rgba(214, 39, 40, 0.20)",
+}
+PHASE_SOLID: dict[str, str] = {
+    "healthy": "#2ea043",
+    "stagnation": "#d2aa00",
+    "decay": "#e67800",
+    "collapse": "#d62728",
+}
+SEVERITY_COLORS: dict[str, str] = {"info": "#1f77b4", "warning": "#ff7f0e", "critical": "#d62728"}
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(schema.SEVERITIES)}
+ALERT_COLUMNS = [c for c in schema.ALERTS.names if c != "run_id"]
+
+
+def _alerts_frame(alerts) -> pd.DataFrame:
+    if alerts is None:
+        return pd.DataFrame(columns=ALERT_COLUMNS)
+    if isinstance(alerts, pd.DataFrame):
+        df = alerts.copy()
+    else:
+        rows = [a if isinstance(a, dict) else {c: getattr(a, c, None) for c in ALERT_COLUMNS} for a in alerts]
+        df = pd.DataFrame(rows, columns=ALERT_COLUMNS)
+    for c in ALERT_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    return df[ALERT_COLUMNS]
+
+
+@dataclass
+class Detection:
+    """What the pages need from the detector, with a readable `error` instead of an exception.
+
+    `phase_by_step` (columns step, phase) is the detector's phase after each step; phases can recur
+    (e.g. collapse -> decay -> collapse), which the bands keep.
+    """
+
+    phase: str | None = None
+    phase_starts: dict[str, int] = field(default_factory=dict)
+    collapse_step: int | None = None
+    alerts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ALERT_COLUMNS))
+    phase_by_step: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["step", "phase"]))
+    error: str | None = None
+
+
+def detect(signals: pd.DataFrame) -> Detection:
+    """Replay `lld_monitor.detect.OnlineDetector` over a run's signals (what `detect_run` does), recording the
+    phase after every step; never raises (the error text is returned)."""
+    if signals is None or signals.empty:
+        return Detection(error="no steps yet")
+    try:
+        from lld_monitor.detect import OnlineDetector, iter_signal_rows
+    except ImportError as exc:  # detector room not installed in this checkout
+        return Detection(error=f"detector unavailable ({exc})")
+    # the replay would re-log every alert of the run on each refresh; the dashboard shows them instead
+    logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)
+    try:
+        det = OnlineDetector()
+        steps, phases = [], []
+        for step, row in iter_signal_rows(signals):
+            det.update(step, row)
+            steps.append(step)
+            phases.append(det.phase)
+        res = det.result()
+    except Exception as exc:  # a detector bug must not take the page down
+        log.exception("detector failed")
+        return Detection(error=f"detector failed: {exc}")
+    starts = {str(k): int(v) for k, v in (res.phase_starts or {}).items() if v is not None}
+    return Detection(
+        phase=res.phase,
+        phase_starts=starts,
+        collapse_step=None if res.collapse_step is None else int(res.collapse_step),
+        alerts=_alerts_frame(res.alerts),
+        phase_by_step=pd.DataFrame({"step": np.asarray(steps, dtype="int64"), "phase": phases}),
+    )
+
+
+def bands_from_series(phase_by_step: pd.DataFrame) -> pd.DataFrame:
+    """Run-length bands (phase, start, end) of a per-step phase series. A band covers start <= step < end,
+    where end is the next band's start; the last band covers start <= step <= end (the last step)."""
+    cols = ["phase", "start", "end"]
+    if phase_by_step is None or phase_by_step.empty:
+        return pd.DataFrame(columns=cols)
+    steps = phase_by_step["step"].to_numpy(dtype="int64")
+    ph = phase_by_step["phase"].astype(str).to_numpy()
+    change = np.nonzero(np.r_[True, ph[1:] != ph[:-1]])[0]
+    rows = []
+    for j, i in enumerate(change):
+        nxt = change[j + 1] if j + 1 < len(change) else None
+        end = int(steps[nxt]) if nxt is not None else int(steps[-1])
+        rows.append({"phase": ph[i], "start": int(steps[i]), "end": end})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def merge_alerts(stored: pd.DataFrame | None, detected: pd.DataFrame | None) -> pd.DataFrame:
+    """Stored (online) alerts plus offline ones, one row per (step, signal, severity), sorted by step."""
+    frames = [_alerts_frame(a) for a in (stored, detected) if a is not None and len(a)]
+    if not frames:
+        return pd.DataFrame(columns=ALERT_COLUMNS)
+    df = pd.concat(frames, ignore_index=True)
+    df = df.drop_duplicates(subset=["step", "signal", "severity"], keep="first")
+    return df.sort_values(["step", "signal"], kind="stable").reset_index(drop=True)
+
+
+def phase_at(bands: pd.DataFrame, step: int) -> str | None:
+    if bands is None or bands.empty:
+        return None
+    hit = bands[(bands["start"] <= step)]
+    return None if hit.empty else str(hit.iloc[-1]["phase"])
+
+
+def lead_table(alerts: pd.DataFrame, collapse_step: int | None) -> pd.DataFrame:
+    """Per signal: first alert step, its severity and how many steps it led the reward collapse
+    (the detector's collapse_step; positive = earlier). Sorted so the signal that moved first is row 0.
+    Phase-transition bookkeeping alerts (signal "phase") are left out.
+    """
+    cols = ["signal", "first_alert_step", "severity", "phase", "lead_steps", "message"]
+    if alerts is None or len(alerts) == 0:
+        return pd.DataFrame(columns=cols)
+    ref = collapse_step
+    df = _alerts_frame(alerts)
+    df = df[df["signal"].astype(str) != "phase"].sort_values("step", kind="stable")
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    first = df.groupby("signal", sort=False).head(1)
+    out = pd.DataFrame({
+        "signal": first["signal"].astype(str),
+        "first_alert_step": first["step"].astype("int64"),
+        "severity": first["severity"],
+        "phase": first["phase"],
+        "lead_steps": (ref - first["step"]).astype("Int64") if ref is not None else pd.array([pd.NA] * len(first), dtype="Int64"),
+        "message": first["message"],
+    })
+    return out.sort_values(["first_alert_step", "signal"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,114 @@
+"""Which step signal the dashboard draws, resolved from canonical or imported (verl / TRL) names, and EMA smoothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+# canonical name -> alternative keys found in imported runs (first present wins, canonical first)
+ALIASES: dict[str, tuple[str, ...]] = {
+    "reward_mean": ("critic/score/mean", "critic/rewards/mean", "reward", "train/reward", "rewards/mean"),
+    "accuracy": ("val/test_score/mean",),
+    "ll_correct_mean": ("actor/pos_avg_old_log_prob",),
+    "ll_incorrect_mean": ("actor/neg_avg_old_log_prob",),
+    "entropy": ("actor/entropy_loss", "actor/entropy", "entropy", "train/entropy"),
+    "grad_norm": ("actor/grad_norm", "grad_norm", "train/grad_norm"),
+    "clip_frac": ("actor/pg_clipfrac", "clip_ratio", "clip_ratio/region_mean", "train/clip_ratio"),
+    "kl": ("actor/kl_loss", "kl", "train/kl"),
+    "pg_loss": ("actor/pg_loss", "loss", "train/loss"),
+    "response_length": ("response_length/mean", "completions/mean_length", "completion_length"),
+    "searches_per_response": ("env/number_of_valid_search",),
+    "lr": ("actor/lr", "learning_rate", "train/learning_rate"),
+    "step_time": ("timing_s/step",),
+}
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """One panel of the live-health grid: a title and the signals drawn in it (second axis optional)."""
+
+    title: str
+    signals: tuple[str, ...]
+    secondary: tuple[str, ...] = ()
+
+
+LIVE_PANELS: tuple[SignalSpec, ...] = (
+    SignalSpec("Reward", ("reward_mean", "accuracy")),
+    SignalSpec("Log-likelihood per action token: correct vs incorrect", ("ll_correct_mean", "ll_incorrect_mean")),
+    SignalSpec("Δ of preserved responses (left) · fraction of actions displaced (right)",
+               ("delta_preserved_mean",), ("frac_actions_displaced",)),
+    SignalSpec("Entropy", ("entropy",)),
+    SignalSpec("Grad norm (pre-clip)", ("grad_norm",)),
+)
+
+LABELS: dict[str, str] = {
+    "reward_mean": "reward (mean)",
+    "accuracy": "accuracy",
+    "ll_correct_mean": "ll correct",
+    "ll_incorrect_mean": "ll incorrect",
+    "ll_correct_sum": "ll correct (sum)",
+    "ll_incorrect_sum": "ll incorrect (sum)",
+    "delta_preserved": "Δ preserved (sum)",
+    "delta_preserved_mean": "Δ preserved (per token)",
+    "frac_actions_displaced": "frac actions displaced",
+    "frac_responses_displaced": "frac responses displaced",
+    "entropy": "entropy",
+    "grad_norm": "grad norm",
+}
+
+COMPARE_DEFAULT: tuple[str, ...] = (
+    "reward_mean", "ll_correct_mean", "delta_preserved_mean", "frac_actions_displaced", "entropy", "grad_norm",
+)
+
+
+def label(name: str) -> str:
+    return LABELS.get(name, name)
+
+
+def resolve(signals: pd.DataFrame, name: str) -> pd.Series | None:
+    """The column for `name` (canonical, else the first alias present with any value), or None."""
+    for key in (name, *ALIASES.get(name, ())):
+        if key in signals.columns:
+            col = pd.to_numeric(signals[key], errors="coerce")
+            if col.notna().any():
+                return col
+    return None
+
+
+def canonical_frame(signals: pd.DataFrame, names: tuple[str, ...] | list[str] | None = None) -> pd.DataFrame:
+    """`step` plus canonical columns (resolved through ALIASES); columns without data are left out."""
+    if signals is None or signals.empty or "step" not in signals.columns:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+    out = {"step": signals["step"].to_numpy()}
+    wanted = names if names is not None else tuple(dict.fromkeys([*LABELS, *ALIASES]))
+    for name in wanted:
+        col = resolve(signals, name)
+        if col is not None:
+            out[name] = col.to_numpy(dtype="float64")
+    return pd.DataFrame(out)
+
+
+def available(signals: pd.DataFrame) -> list[str]:
+    """Every numeric signal the run has (canonical names first, then other metric keys)."""
+    canon = [c for c in canonical_frame(signals).columns if c != "step"]
+    skip = {"step", "run_id", "time", "n_samples", *canon}
+    for key in list(skip):
+        skip.update(ALIASES.get(key, ()))
+    rest = [
+        c for c in signals.columns
+        if c not in skip and pd.api.types.is_numeric_dtype(signals[c]) and signals[c].notna().any()
+    ]
+    return canon + sorted(rest)
+
+
+def ema(values: pd.Series | np.ndarray, smoothing: float) -> np.ndarray:
+    """Exponential moving average; smoothing in [0, 1): 0 = raw, 0.9 = heavy. NaN gaps are skipped, not filled."""
+    s = pd.Series(np.asarray(values, dtype="float64"))
+    if smoothing <= 0:
+        return s.to_numpy()
+    smoothing = min(float(smoothing), 0.999)
+    out = s.ewm(alpha=1.0 - smoothing, adjust=True, ignore_na=True).mean()
+    out[s.isna()] = np.nan
+    return out.to_numpy()

@@ -1,0 +1,272 @@
+"""Streamlit pieces the pages share: the store + run sidebar, cached data access, status and empty states.
+
+Caching: `runs()` is re-read every REFRESH_S seconds; per-run data is cached under a *version* of the run
+(rows stored, last step, status, heartbeat), so a finished run is read once and a live run is re-read
+exactly when it changed. One thread-safe StoreReader per store folder is shared (st.cache_resource);
+it holds no lock on the store and sees new segments on every query.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from lld_monitor.ui import queries as q
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 2.0
+STORE_ENV = "LLD_MONITOR_DASHBOARD_STORE"  # set by `lld-monitor serve --store`
+DEFAULT_STORE = "sample_runs/"
+PHASE_BADGE = {"healthy": "green", "stagnation": "yellow", "decay": "orange", "collapse": "red"}
+STATUS_BADGE = {"running": "blue", "finished": "gray", "crashed": "red"}
+
+
+def default_store() -> str:
+    env = os.environ.get(STORE_ENV)
+    if env:
+        return env
+    if Path(DEFAULT_STORE).exists():
+        return DEFAULT_STORE
+    repo_default = Path(__file__).resolve().parents[2] / "sample_runs"
+    return str(repo_default) if repo_default.exists() else DEFAULT_STORE
+
+
+# ------------------------------------------------------------------ store access
+
+
+class StoreProblem(Exception):
+    """A store that cannot be shown; the message is the text the page displays."""
+
+
+def _open(path: str):
+    from lld_monitor.store import NewerSchemaError, NotAStoreError, StoreError, open_store_reader
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise StoreProblem(
+            f"No store at `{p}`. Start one with `lld-monitor demo` or `lld-monitor train --store {p}`, "
+            "or type the folder of an existing store in the sidebar."
+        )
+    try:
+        return open_store_reader(str(p))
+    except NotAStoreError as exc:
+        raise StoreProblem(f"`{p}` is not an lld-monitor store: {exc}") from exc
+    except NewerSchemaError as exc:
+        raise StoreProblem(f"`{p}` was written by a newer lld-monitor: {exc}") from exc
+    except StoreError as exc:
+        raise StoreProblem(f"Cannot read the store `{p}`: {exc}") from exc
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _reader(resolved: str):
+    """One StoreReader per store folder, shared by all sessions (it is thread-safe, re-reads the runs'
+    manifests on every query and never locks anything the writer needs)."""
+    return _open(resolved)
+
+
+def with_reader(path: str, fn, *args, **kwargs):
+    """fn(reader, ...) on the store at `path`; store errors become a StoreProblem with the text to show."""
+    from lld_monitor.store import RunNotFoundError, StoreError
+
+    resolved = str(Path(path).expanduser().resolve())
+    if not Path(resolved).exists():
+        _reader.clear()
+        _open(resolved)  # raises the "no store" StoreProblem
+    reader = _reader(resolved)
+    try:
+        return fn(reader, *args, **kwargs)
+    except RunNotFoundError as exc:
+        raise StoreProblem(f"{exc}. It may have been deleted or re-imported; pick another run.") from exc
+    except StoreError as exc:
+        raise StoreProblem(f"The store `{path}` could not be read just now ({exc}). "
+                           "It is retried on the next refresh.") from exc
+
+
+@st.cache_data(ttl=REFRESH_S, max_entries=32, show_spinner=False)
+def cached_runs(path: str) -> pd.DataFrame:
+    return with_reader(path, q.runs_table)
+
+
+def run_version(runs: pd.DataFrame, run_id: str) -> tuple:
+    """Changes whenever the run gets new rows or a new status; the key of every per-run cache."""
+    row = runs[runs["run_id"] == run_id]
+    if row.empty:
+        return (run_id,)
+    r = row.iloc[0]
+    return (run_id, str(r.get("status")), str(r.get("steps")), str(r.get("last_step")), str(r.get("updated_at")))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_overview(path: str, run_id: str, version: tuple) -> q.RunOverview:
+    return with_reader(path, q.run_overview, run_id)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def cached_phase(path: str, run_id: str, version: tuple) -> str | None:
+    return with_reader(path, q.run_phase, run_id)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_compare(path: str, run_ids: tuple[str, ...], names: tuple[str, ...], versions: tuple) -> dict:
+    return with_reader(path, q.compare_frames, list(run_ids), list(names))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_signals(path: str, run_id: str, version: tuple) -> pd.DataFrame:
+    return with_reader(path, lambda r: r.signals(run_id))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_token_steps(path: str, run_id: str, version: tuple) -> list[int]:
+    return with_reader(path, q.token_steps, run_id)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_token_view(path: str, run_id: str, step, sample_idx, rank, which: str, sort: str, version: tuple) -> q.TokenView:
+    return with_reader(path, q.token_view, run_id, step, sample_idx, rank, which, sort)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def cached_post_mortem(path: str, run_id: str, k: int, version: tuple) -> q.PostMortem:
+    return with_reader(path, q.post_mortem, run_id, k)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def cached_export(path: str, run_id: str, version: tuple) -> dict:
+    return with_reader(path, q.run_export_tables, run_id)
+
+
+# ------------------------------------------------------------------ sidebar context
+
+
+@dataclass
+class Context:
+    store: str
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    run_id: str | None = None
+    problem: str | None = None
+
+    @property
+    def run(self) -> dict | None:
+        if self.run_id is None or self.runs.empty:
+            return None
+        row = self.runs[self.runs["run_id"] == self.run_id]
+        return None if row.empty else row.iloc[0].to_dict()
+
+    def version(self, run_id: str | None = None) -> tuple:
+        return run_version(self.runs, run_id or self.run_id)
+
+
+def _qp(name: str) -> str | None:
+    v = st.query_params.get(name)
+    return None if v in (None, "") else str(v)
+
+
+def _phase_for(store: str, runs: pd.DataFrame, run_id: str) -> str | None:
+    try:
+        return cached_phase(store, run_id, run_version(runs, run_id))
+    except StoreProblem:
+        return None
+
+
+def sidebar() -> Context:
+    """Store location and run picker (with mode, source, status and phase); stores the Context for the page."""
+    sb = st.sidebar
+    if "store_path" not in st.session_state:
+        st.session_state["store_path"] = _qp("store") or default_store()
+    store = sb.text_input("Store location", key="store_path",
+                          help="Folder of an lld-monitor store (default: the bundled sample_runs/).").strip()
+    ctx = Context(store=store)
+    try:
+        ctx.runs = cached_runs(store)
+    except StoreProblem as exc:
+        ctx.problem = str(exc)
+    if ctx.problem is None and ctx.runs.empty:
+        ctx.problem = (f"The store `{store}` has no runs yet. Start one with "
+                       f"`lld-monitor train --store {store}` or `lld-monitor demo`; runs appear here within seconds.")
+    if ctx.problem is not None:
+        sb.warning(ctx.problem)
+        st.session_state["lld_ctx"] = ctx
+        return ctx
+
+    ids = list(ctx.runs["run_id"])
+    qp_run = _qp("run")
+    if qp_run is not None and qp_run != st.session_state.get("_qp_run_seen"):
+        st.session_state["_qp_run_seen"] = qp_run
+        match = ctx.runs[(ctx.runs["run_id"] == qp_run) | (ctx.runs["name"] == qp_run)]
+        if not match.empty:
+            st.session_state["run_id"] = str(match.iloc[0]["run_id"])
+    if st.session_state.get("run_id") not in ids:
+        st.session_state["run_id"] = ids[0]
+    phases = {rid: _phase_for(store, ctx.runs, rid) for rid in ids}
+    labels = {rid: q.run_label(ctx.runs[ctx.runs["run_id"] == rid].iloc[0], phases[rid]) for rid in ids}
+    ctx.run_id = sb.selectbox("Run", ids, key="run_id", format_func=lambda rid: labels.get(rid, rid),
+                              help="name · mode · source · status · phase")
+    if st.query_params.get("run") != ctx.run_id:
+        st.query_params["run"] = ctx.run_id
+        st.session_state["_qp_run_seen"] = ctx.run_id
+    run = ctx.run or {}
+    with sb.container():
+        cols = sb.columns(2)
+        cols[0].badge(str(run.get("status")), color=STATUS_BADGE.get(str(run.get("status")), "gray"))
+        phase = phases.get(ctx.run_id)
+        cols[1].badge(phase or "no phase", color=PHASE_BADGE.get(phase or "", "gray"))
+        sb.caption(f"mode **{run.get('mode')}** · source **{run.get('source')}** · "
+                   f"{run.get('steps', 0)} steps · {len(ids)} run(s) in store")
+    st.session_state["lld_ctx"] = ctx
+    return ctx
+
+
+def current() -> Context:
+    """The Context that app.py's sidebar made for this script run (renders the sidebar when a page runs alone)."""
+    ctx = st.session_state.get("lld_ctx")
+    if not isinstance(ctx, Context) or ctx.store != st.session_state.get("store_path"):
+        ctx = sidebar()
+    return ctx
+
+
+def require_run(ctx: Context) -> bool:
+    """Shows the designed empty state and returns False when there is no run to show."""
+    if ctx.problem:
+        st.info(ctx.problem)
+        return False
+    if ctx.run_id is None:
+        st.info("Pick a run in the sidebar.")
+        return False
+    return True
+
+
+def status_line(ov: q.RunOverview) -> None:
+    """live / finished / crashed, steps and time since the last step."""
+    st_ = ov.status
+    label = {"running": "🟢 live", "finished": "⚪ finished", "crashed": "🔴 crashed"}.get(st_, st_)
+    c = st.columns(4)
+    c[0].metric("Status", label)
+    c[1].metric("Steps logged", ov.n_steps)
+    c[2].metric("Last step", "—" if ov.last_step is None else ov.last_step)
+    c[3].metric("Since last step", q.humanize_seconds(ov.seconds_since_last_step))
+    if st_ == "crashed":
+        st.warning("The writer of this run is gone (crashed or killed); data up to its last flush is shown.")
+    for note in ov.notes:
+        st.caption(note)
+
+
+def plotly(fig, key: str | None = None) -> None:
+    """Every chart: full width, Plotly's modebar with its PNG download ("Download plot as a png")."""
+    st.plotly_chart(fig, width="stretch", key=key,
+                    config={"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}})
+
+
+TOKEN_PAGE = Path(__file__).resolve().parents[2] / "pages" / "token_inspector.py"
+
+
+def token_link(run_id: str, step: int, sample_idx: int, rank: int, label: str) -> None:
+    """A link into the token inspector at (run, step, sample, rank) via query parameters."""
+    st.page_link(str(TOKEN_PAGE), label=label, icon="🔍",
+                 query_params={"run": run_id, "step": str(int(step)), "sample": str(int(sample_idx)), "rank": str(int(rank))})
