@@ -64,6 +64,7 @@ class StoreReader:
         self._con.execute("SET TimeZone='UTC'")
         self._lock = threading.RLock()
         self._json_cache: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+        self.transient_retries = 0  # races absorbed (a segment merged away mid-query); never seen by callers
 
     # ---------------------------------------------------------------- metadata
     def _read_json_cached(self, path: Path) -> Any:
@@ -168,6 +169,8 @@ class StoreReader:
                     return fn()
             except _TRANSIENT as e:  # a segment merged away under us, or a manifest mid-replace
                 last = e
+                self.transient_retries += 1
+                log.debug("transient read error (retrying on fresh manifests): %s", e)
                 self._json_cache.clear()
                 time.sleep(self.retry_sleep_s * min(attempt + 1, 4))
         raise StoreError(f"could not read the store at {self.path} after {self.retries} tries: {last}") from last
