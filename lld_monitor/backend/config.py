@@ -1,0 +1,140 @@
+"""Training configuration: nested dataclasses with CPU-sized defaults, loadable from JSON or TOML.
+
+A config file holds any subset of the sections below, e.g.::
+
+    {"grpo": {"lr": 0.002, "num_minibatches": 8}, "llds": {"lam": 0.2}, "seed": 3}
+
+Unknown keys are an error (a typo must not silently train something else).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .env import EnvConfig
+from .model import ModelConfig
+from .sft import SFTConfig
+from .world import WorldConfig
+
+MODES = ("vanilla", "llds", "llds-ma")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    prompts_per_step: int = 8
+    group_size: int = 5  # G rollouts per prompt
+    num_minibatches: int = 4  # optimizer updates per step per epoch (pi_before != pi_after)
+    ppo_epochs: int = 1
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0  # k3 KL to the frozen reference; 0 = no KL term (the reference is still logged)
+    entropy_coef: float = 0.0  # entropy bonus (verl's entropy_coeff)
+    grad_clip: float = 1.0
+    log_ref: bool = True  # forward the frozen reference each step (logp_ref, KL, verl ref metrics)
+
+
+@dataclass(frozen=True)
+class LLDSSettings:
+    lam: float = 0.2
+    gate: str = "action"  # action (A-gate) | response (R-gate) | token
+    norm: str = "response"  # response (paper) | token_mean (official code)
+    ma_answer_weight: float | None = None  # LLDS-MA fixed beta; None -> adaptive rule below
+    ma_adaptive_beta: str = "paper"  # paper: beta = min(V / v_base, 1); code: min(max(V - 1, 0), 1)
+    v_base: float = 2.0
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    token_every: int = 1  # log tokens every k steps
+    token_groups: int | None = 2  # ... for m groups (None = all)
+    flush_every_steps: int = 10
+    flush_every_s: float = 2.0
+    detector: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    mode: str = "vanilla"
+    steps: int = 12
+    seed: int = 0
+    threads: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    model_path: str | None = None  # a local HF causal LM instead of the warm-started tiny model
+    corpus: str | None = None  # JSONL corpus for the retriever (default: the generated world)
+    retriever_url: str | None = None  # Search-R1 /retrieve server instead of local BM25
+    world: WorldConfig = field(default_factory=WorldConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    llds: LLDSSettings = field(default_factory=LLDSSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.steps < 0:
+            raise ValueError("steps must be >= 0")
+        g = self.grpo
+        n = g.prompts_per_step * g.group_size
+        if g.group_size < 2:
+            raise ValueError("grpo.group_size must be >= 2 (group advantages need a group)")
+        if g.num_minibatches < 1 or n % g.num_minibatches:
+            raise ValueError(
+                f"grpo.num_minibatches ({g.num_minibatches}) must divide prompts_per_step*group_size ({n})"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _build(cls, data: dict, where: str):
+    if not isinstance(data, dict):
+        raise ValueError(f"config section {where or 'top level'} must be a table/object")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown config key(s) in {where or 'top level'}: {', '.join(unknown)}; known: {', '.join(known)}")
+    kw: dict[str, Any] = {}
+    defaults = cls()
+    for k, v in data.items():
+        cur = getattr(defaults, k)
+        if is_dataclass(cur):
+            kw[k] = _build(type(cur), v, f"{where}.{k}" if where else k)
+        elif isinstance(cur, tuple) and isinstance(v, list):
+            kw[k] = tuple(v)
+        else:
+            kw[k] = v
+    return cls(**kw)
+
+
+def config_from_dict(data: dict) -> TrainConfig:
+    return _build(TrainConfig, data, "")
+
+
+def load_config(path: str | Path | None, **overrides) -> TrainConfig:
+    """Read a JSON or TOML config file (or none) and apply top-level overrides that are not None."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file not found: {p}")
+        text = p.read_text(encoding="utf-8")
+        if p.suffix.lower() == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}: not valid JSON ({e}); use .toml for TOML files") from e
+    cfg = config_from_dict(data)
+    ov = {k: v for k, v in overrides.items() if v is not None}
+    return replace(cfg, **ov) if ov else cfg

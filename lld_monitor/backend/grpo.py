@@ -1,0 +1,436 @@
+"""GRPO for the Search-R1 environment, with vanilla / LLDS / LLDS-MA, logging through RunLogger.
+
+One step (as verl's ray_trainer + dp_actor, scaled down):
+1. sample `prompts_per_step` questions (this rank's share), roll out G episodes each (no grad);
+2. exact-match rewards, group advantages (`lld.grpo_advantages`);
+3. one forward of the rollout policy (π_old = the parameters at the start of the step) and of the
+   frozen reference; tool tokens are masked from everything below;
+4. `ppo_epochs × num_minibatches` optimizer updates on contiguous mini-batches (PPO-clip, optional
+   k3 KL and entropy bonus, + λ·L_LLDS in llds modes), each with the pre-clip grad norm recorded;
+5. one more forward after the last update (π_after) on the same tokens: Δ = ln π_after − ln π_old;
+6. log the step, every sample and (sampled) every token.
+
+Under `torchrun` (env RANK/WORLD_SIZE) the model is wrapped in DDP (gloo on CPU, nccl on GPU);
+each rank rolls out its share of prompts and logs its own samples; rank 0 logs the step row from
+all ranks' samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, replace
+
+from .config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_type: str) -> DistInfo:
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    if ws <= 1:
+        return DistInfo()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _pick_device(pref: str, dist: DistInfo):
+    import torch
+
+    if pref == "auto":
+        pref = "cuda" if torch.cuda.is_available() else "cpu"
+    if pref == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but no GPU is available; use --device cpu")
+        return torch.device("cuda", dist.local_rank)
+    return torch.device("cpu")
+
+
+def sequence_logprobs(model, input_ids, attention_mask, prompt_width: int, temperature: float):
+    """ln π and entropy of every response token ([N, T] each), one forward."""
+    from lld_monitor import lld
+
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
+    resp_logits = logits[:, prompt_width - 1 : -1, :]
+    targets = input_ids[:, prompt_width:]
+    return lld.logprobs_and_entropy(resp_logits, targets, temperature)
+
+
+class Trainer:
+    """Builds everything from a TrainConfig; `train()` runs the steps and returns the run id."""
+
+    def __init__(self, cfg: TrainConfig, store: str, run_name: str, progress: bool = True):
+        import torch
+
+        from .model import load_model
+        from .retriever import BM25Retriever, HTTPRetriever, load_jsonl_corpus
+        from .sft import warmstart
+        from .world import build_world
+
+        self.cfg = cfg
+        self.store = store
+        self.run_name = run_name
+        self.progress = progress
+        torch.set_num_threads(max(1, cfg.threads))
+        self.dist = init_distributed("cuda" if cfg.device == "cuda" else "cpu")
+        self.device = _pick_device(cfg.device, self.dist)
+        self.world = build_world(cfg.world)
+        if cfg.model_path:
+            self.model, self.tok = load_model(cfg.model_path, "cpu")
+            self.model_name = str(cfg.model_path)
+        else:
+            self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
+            self.model_name = f"qwen2-tiny (warm start {ckpt.name})"
+        if cfg.retriever_url:
+            self.retriever = HTTPRetriever(cfg.retriever_url)
+        elif cfg.corpus:
+            self.retriever = BM25Retriever(load_jsonl_corpus(cfg.corpus))
+        else:
+            self.retriever = BM25Retriever(self.world.documents)
+        self.model.to(self.device)
+        self.ref = None
+        if cfg.grpo.log_ref or cfg.grpo.kl_coef > 0:
+            import copy
+
+            self.ref = copy.deepcopy(self.model).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        self.ddp = self.model
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        g = cfg.grpo
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
+        self.open_ids = self.tok.encode("<answer>", add_special_tokens=False)
+        self.close_ids = self.tok.encode("</answer>", add_special_tokens=False)
+        self.llds_cfg = self._llds_config()
+        if g.prompts_per_step % self.dist.world_size:
+            raise ValueError(f"grpo.prompts_per_step ({g.prompts_per_step}) must be divisible by the world size ({self.dist.world_size})")
+        n_local = g.prompts_per_step // self.dist.world_size * g.group_size
+        if n_local % g.num_minibatches:
+            raise ValueError(f"per-rank rollouts ({n_local}) must be divisible by grpo.num_minibatches ({g.num_minibatches})")
+
+    def _llds_config(self):
+        from lld_monitor import lld
+
+        s = self.cfg.llds
+        if self.cfg.mode == "vanilla":
+            return None
+        if self.cfg.mode == "llds":
+            return lld.LLDSConfig(lam=s.lam, gate=s.gate, norm=s.norm)
+        if s.ma_answer_weight is not None:
+            return lld.LLDSConfig(lam=s.lam, gate=s.gate, norm=s.norm, answer_weight=s.ma_answer_weight)
+        return lld.LLDSConfig(lam=s.lam, gate=s.gate, norm=s.norm, adaptive_beta=s.ma_adaptive_beta, v_base=s.v_base)
+
+    # ------------------------------------------------------------------ one step
+    def _prompts(self, step: int):
+        g = self.cfg.grpo
+        rng = random.Random(self.cfg.seed * 1_000_003 + step)
+        qs = rng.sample(self.world.questions, g.prompts_per_step)
+        per = g.prompts_per_step // self.dist.world_size
+        mine = list(range(self.dist.rank * per, (self.dist.rank + 1) * per))
+        return [(i, qs[i]) for i in mine]
+
+    def step(self, step: int) -> dict:
+        import torch
+
+        from lld_monitor import lld
+
+        from .env import ROLE_ACTION, ROLE_ANSWER, format_prompt, rollout
+        from .reward import em_reward
+
+        cfg, g = self.cfg, self.cfg.grpo
+        t0 = time.perf_counter()
+        picked = self._prompts(step)
+        rows = [(i, q) for i, q in picked for _ in range(g.group_size)]
+        gen = torch.Generator().manual_seed((cfg.seed * 7919 + step) * 131 + self.dist.rank)
+        ro = rollout(self.model, self.tok, [format_prompt(q.question, cfg.env) for _, q in rows], self.retriever, cfg.env, gen)
+        t_gen = time.perf_counter() - t0
+        rewards = torch.tensor([em_reward(t, q.answers) for t, (_, q) in zip(ro.response_texts, rows)], dtype=torch.float32)
+        group_ids = [f"{step}:{i}" for i, _ in rows]
+        adv = lld.grpo_advantages(rewards, group_ids)
+        dev = self.device
+        ids, am, P = ro.input_ids.to(dev), ro.attention_mask.to(dev), ro.prompt_width
+        act = (ro.response_mask & (ro.role == ROLE_ACTION)).to(dev)
+        ans = lld.answer_span_mask(ro.response_ids.to(dev), act, self.open_ids, self.close_ids)
+        role = ro.role.clone()
+        role[ans.cpu()] = ROLE_ANSWER
+        temp = cfg.env.temperature
+        with torch.no_grad():
+            logp_old, ent_old = sequence_logprobs(self.model, ids, am, P, temp)
+            logp_ref = sequence_logprobs(self.ref, ids, am, P, temp)[0] if self.ref is not None else None
+        t_ref = time.perf_counter() - t0 - t_gen
+        vs_mean = float(sum(ro.n_searches)) / len(rows)
+        if self.dist.enabled:
+            import torch.distributed as dist
+
+            t = torch.tensor([vs_mean], dtype=torch.float64)
+            dist.all_reduce(t)
+            vs_mean = float(t.item()) / self.dist.world_size
+        # ---- updates
+        n = len(rows)
+        mb = n // g.num_minibatches
+        upd = {k: [] for k in ("grad_norm", "clip_frac", "kl", "pg_loss", "llds_loss", "entropy", "ppo_kl", "reduce_chunk", "beta", "loss")}
+        self.model.train()
+        adv_d = adv.to(dev)
+        for _epoch in range(g.ppo_epochs):
+            for b in range(g.num_minibatches):
+                sl = slice(b * mb, (b + 1) * mb)
+                # trim the mini-batch to its own longest response
+                width = int(am[sl, P:].sum(-1).max().item()) if mb else 0
+                width = max(width, 1)
+                x, a = ids[sl, : P + width], am[sl, : P + width]
+                m = act[sl, :width]
+                lo = logp_old[sl, :width]
+                lr_ = logp_ref[sl, :width] if logp_ref is not None else None
+                logp, ent = sequence_logprobs(self.ddp, x, a, P, temp)
+                loss, st = lld.ppo_clip_loss(logp, lo, adv_d[sl], m, g.clip_eps, logp_ref=lr_, kl_coef=g.kl_coef)
+                ent_mean = (ent * m).sum() / m.sum().clamp(min=1)
+                if g.entropy_coef:
+                    loss = loss - g.entropy_coef * ent_mean
+                llds_val = 0.0
+                if self.llds_cfg is not None:
+                    l_llds, lst = lld.llds_loss(
+                        logp, lo, adv_d[sl], m, self.llds_cfg, answer_mask=ans[sl, :width], valid_searches_mean=vs_mean
+                    )
+                    loss = loss + self.llds_cfg.lam * l_llds
+                    llds_val = self.llds_cfg.lam * float(l_llds.detach())
+                    upd["beta"].append(float(lst.get("beta", 1.0)))
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.grad_clip)
+                self.opt.step()
+                with torch.no_grad():
+                    ds = lld.displacement(logp.detach(), lo, m)
+                    pre = (adv_d[sl] >= 0) & (m.sum(-1) > 0)
+                    n_fell = ((ds.action_sum < 0) & ds.action_valid).sum(-1).float()
+                    upd["reduce_chunk"].append(float(n_fell[pre].mean()) if pre.any() else float("nan"))
+                upd["grad_norm"].append(float(gn))
+                upd["clip_frac"].append(st["clip_frac"])
+                upd["kl"].append(st["kl"])
+                upd["pg_loss"].append(st["pg_loss"])
+                upd["ppo_kl"].append(st.get("approx_kl", float("nan")))
+                upd["llds_loss"].append(llds_val)
+                upd["entropy"].append(float(ent_mean.detach()))
+                upd["loss"].append(float(loss.detach()))
+        t_upd = time.perf_counter() - t0 - t_gen - t_ref
+        with torch.no_grad():
+            logp_new, _ = sequence_logprobs(self.model, ids, am, P, temp)
+        stats = lld.displacement(logp_new, logp_old, act)
+        summary = lld.displacement_summary(stats, adv_d)
+        step_time = time.perf_counter() - t0
+        return self._log_payload(step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
+                                 ent_old, stats, summary, upd, vs_mean, dict(step=step_time, gen=t_gen, ref=t_ref, update_actor=t_upd))
+
+    def _log_payload(self, step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
+                     ent_old, stats, summary, upd, vs_mean, timing) -> dict:
+        import numpy as np
+        import torch
+
+        def mean(xs):
+            xs = [x for x in xs if not (isinstance(x, float) and math.isnan(x))]
+            return float(sum(xs) / len(xs)) if xs else float("nan")
+
+        actf = act.float()
+        n_tok_all = actf.sum().clamp(min=1)
+        lo_m = torch.where(act, logp_old, torch.zeros_like(logp_old))
+        pos_mask = (adv >= 0).to(act.device).unsqueeze(1)
+        lr_now = self.opt.param_groups[0]["lr"]
+        ent_action = float((ent_old * actf).sum() / n_tok_all)
+        ansf = ans.float()
+        answer_prob = float((torch.exp(logp_old) * ansf).sum() / ansf.sum()) if ansf.sum() > 0 else float("nan")
+        scalars = {
+            "entropy": ent_action,
+            "grad_norm": mean(upd["grad_norm"]),
+            "clip_frac": mean(upd["clip_frac"]),
+            "kl": mean(upd["kl"]) if logp_ref is not None else float("nan"),
+            "pg_loss": mean(upd["pg_loss"]),
+            "llds_loss": mean(upd["llds_loss"]),
+            "answer_prob_mean": answer_prob,
+            "lr": lr_now,
+            "step_time": timing["step"],
+            # verl-named equivalents (so the detector can be evaluated on verl-only columns)
+            "actor/pos_avg_old_log_prob": float((lo_m * pos_mask).sum() / n_tok_all),
+            "actor/neg_avg_old_log_prob": float((lo_m * ~pos_mask).sum() / n_tok_all),
+            "actor/entropy_loss": mean(upd["entropy"]),
+            "actor/grad_norm": mean(upd["grad_norm"]),
+            "actor/ppo_kl": mean(upd["ppo_kl"]),
+            "actor/pg_clipfrac": mean(upd["clip_frac"]),
+            "actor/pg_loss": mean(upd["pg_loss"]),
+            "actor/loss_noreduce": mean(upd["llds_loss"]),
+            "actor/mean_reduce_chunk": mean(upd["reduce_chunk"]),
+            "actor/lr": lr_now,
+            "critic/score/mean": float(rewards.mean()),
+            "critic/advantages/mean": float(adv.mean()),
+            "env/number_of_valid_search": vs_mean,
+            "env/number_of_actions/mean": float(np.mean(ro.n_actions)),
+            "env/finish_ratio": float(np.mean(ro.finished)),
+            "env/number_of_valid_action": float(np.mean(ro.n_valid_actions)),
+            "response_length/mean": float(ro.response_mask.sum(-1).float().mean()),
+            "timing_s/step": timing["step"],
+            "timing_s/gen": timing["gen"],
+            "timing_s/ref": timing["ref"],
+            "timing_s/update_actor": timing["update_actor"],
+            "lld/updates_per_step": float(len(upd["grad_norm"])),
+            "lld/grad_norm_max": max(upd["grad_norm"]) if upd["grad_norm"] else float("nan"),
+        }
+        if logp_ref is not None:
+            lr_m = torch.where(act, logp_ref, torch.zeros_like(logp_ref))
+            scalars["actor/pos_avg_ref_log_prob"] = float((lr_m * pos_mask).sum() / n_tok_all)
+            scalars["actor/neg_avg_ref_log_prob"] = float((lr_m * ~pos_mask).sum() / n_tok_all)
+            scalars["actor/kl_loss"] = scalars["kl"]
+        if upd["beta"]:
+            scalars["actor/answer_weight"] = mean(upd["beta"])
+        # ---- per sample (exact every step)
+        n_act_tok = act.sum(-1)
+        n_disp = ((stats.action_sum < 0) & stats.action_valid).sum(-1)
+        samples = {
+            "sample_idx": np.arange(len(rows), dtype=np.int32),
+            "prompt_id": [q.qid for _, q in rows],
+            "group_id": group_ids,
+            "reward": rewards.numpy().astype(np.float64),
+            "advantage": adv.numpy().astype(np.float64),
+            "correct": (rewards > 0).numpy(),
+            "n_actions": stats.action_valid.sum(-1).cpu().numpy().astype(np.int32),
+            "n_searches": np.asarray(ro.n_searches, dtype=np.int32),
+            "n_action_tokens": n_act_tok.cpu().numpy().astype(np.int32),
+            "logp_old_sum": (lo_m.sum(-1)).cpu().double().numpy(),
+            "logp_new_sum": torch.where(act, logp_new, torch.zeros_like(logp_new)).sum(-1).cpu().double().numpy(),
+            "delta_sum": stats.response_sum.cpu().double().numpy(),
+            "delta_mean": stats.response_mean.cpu().double().numpy(),
+            "n_actions_displaced": n_disp.cpu().numpy().astype(np.int32),
+            "question": [q.question for _, q in rows],
+            "gold": [" | ".join(q.answers) for _, q in rows],
+            "text": ro.response_texts,
+        }
+        tokens = None
+        le = self.cfg.log
+        if le.token_every > 0 and step % le.token_every == 0 and le.token_groups != 0:
+            from lld_monitor import lld
+
+            nan = torch.full_like(logp_old, float("nan"))
+            tokens = {
+                "token_id": ro.response_ids,
+                "mask": ro.response_mask,
+                "role": role,
+                "action_idx": lld.action_index(act),
+                "logp_old": torch.where(act, logp_old, nan),
+                "logp_new": torch.where(act, logp_new, nan),
+                "entropy": torch.where(act, ent_old, nan),
+            }
+            if logp_ref is not None:
+                tokens["logp_ref"] = torch.where(act, logp_ref, nan)
+        return {"scalars": scalars, "samples": samples, "tokens": tokens, "summary": summary}
+
+    # ------------------------------------------------------------------ the loop
+    def _gather_samples(self, samples: dict) -> dict | None:
+        if not self.dist.enabled:
+            return None
+        import numpy as np
+        import torch.distributed as dist
+
+        parts = [None] * self.dist.world_size
+        dist.all_gather_object(parts, samples)
+        if self.dist.rank != 0:
+            return None
+        out = {}
+        for k in samples:
+            vals = [p[k] for p in parts]
+            out[k] = np.concatenate([np.asarray(v) for v in vals]) if not isinstance(vals[0], list) else sum(vals, [])
+        return out
+
+    def train(self, steps: int | None = None, on_step=None) -> str:
+        from tqdm import tqdm
+
+        from lld_monitor.logger import RunLogger
+
+        steps = self.cfg.steps if steps is None else steps
+        run_id = None
+        if self.dist.enabled:
+            import torch.distributed as dist
+
+            holder = [None]
+            if self.dist.rank == 0:
+                from lld_monitor.store.layout import new_run_id  # type: ignore[attr-defined]
+
+                holder[0] = new_run_id(self.run_name)
+            dist.broadcast_object_list(holder, src=0)
+            run_id = holder[0]
+        le = self.cfg.log
+        mode = {"vanilla": "vanilla", "llds": "llds", "llds-ma": "llds_ma"}[self.cfg.mode]
+        vocab = None
+        try:
+            vocab = self.tok.convert_ids_to_tokens(list(range(len(self.tok))))
+        except Exception:  # noqa: BLE001 - token texts are a nicety
+            vocab = None
+        detector = None
+        if self.dist.rank == 0:
+            try:
+                from lld_monitor.detect import OnlineDetector
+
+                detector = OnlineDetector()
+            except ImportError:
+                detector = None
+        logger = RunLogger(
+            self.store, self.run_name, mode, self.cfg.to_dict(), source="local", model=self.model_name, run_id=run_id,
+            rank=self.dist.rank, world_size=self.dist.world_size, flush_every_steps=le.flush_every_steps,
+            flush_every_s=le.flush_every_s, token_every=le.token_every, token_groups=le.token_groups, vocab=vocab,
+            detector=le.detector,
+        )
+        status = "finished"
+        bar = tqdm(range(steps), desc=f"{self.cfg.mode} seed {self.cfg.seed}", disable=not self.progress or self.dist.rank != 0,
+                   dynamic_ncols=True)
+        try:
+            for s in bar:
+                payload = self.step(s)
+                all_s = self._gather_samples(payload["samples"])
+                logger.log_step(s, scalars=payload["scalars"] if self.dist.rank == 0 else None,
+                                samples=payload["samples"], tokens=payload["tokens"], all_samples=all_s)
+                if self.dist.rank == 0:
+                    import numpy as np
+
+                    rw = float(np.mean(all_s["reward"])) if all_s is not None else float(np.mean(payload["samples"]["reward"]))
+                    phase = "-"
+                    if detector is not None:
+                        sig = {k: v for k, v in payload["scalars"].items()}
+                        sig.update({"reward_mean": rw, **{k: v for k, v in payload["summary"].items()}})
+                        try:
+                            detector.update(s, sig)
+                            phase = detector.phase
+                        except Exception:  # noqa: BLE001
+                            log.exception("detector failed; the bar shows no phase")
+                            detector = None
+                    d = payload["summary"].get("delta_preserved", float("nan"))
+                    bar.set_postfix(reward=f"{rw:.3f}", delta=f"{d:+.3f}", phase=phase, gn=f"{payload['scalars']['grad_norm']:.2f}")
+                if on_step is not None:
+                    on_step(s, payload)
+        except KeyboardInterrupt:
+            log.warning("interrupted: finishing the run cleanly (steps logged so far are kept)")
+            status = "finished"
+        except BaseException:
+            status = "crashed"
+            logger.close(status="crashed")
+            raise
+        finally:
+            bar.close()
+        logger.close(status=status)
+        return logger.run_id

@@ -1,0 +1,190 @@
+"""Supervised warm start on generated demonstrations, cached by a key over everything that changes it.
+
+From random weights the exact-match reward stays 0, so GRPO starts from a checkpoint trained for a
+short while on demonstrations of the Search-R1 format with the real retriever's observations.
+Some demonstrations are deliberately imperfect (a two-hop question answered after the first search
+with the intermediate entity; an answer guessed without searching), so the warm-started policy has
+a non-zero but improvable reward and the mistakes GRPO must learn away are the paper's: a correct
+first search inside a wrong response.
+
+The checkpoint is a normal Hugging Face model directory (config, weights, tokenizer). Lookup order:
+the copy shipped in the package (`lld_monitor/backend/assets/warmstart/<key>`), then the user cache
+(`$LLD_MONITOR_CACHE` or `~/.cache/lld-monitor`)/warmstart/<key>; otherwise it is trained and saved
+to the user cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .env import ROLE_ACTION, ROLE_TOOL, EnvConfig, format_prompt, observation_text, pack_sequences
+from .model import ModelConfig, build_model
+from .retriever import BM25Retriever
+from .tokenizer import build_tokenizer
+from .world import World, WorldConfig, build_world
+
+log = logging.getLogger(__name__)
+
+WARMSTART_VERSION = 1  # bump when this file changes what a checkpoint contains
+ASSETS = Path(__file__).parent / "assets" / "warmstart"
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    n_demos: int = 4000
+    shortcut_frac: float = 0.35  # two-hop demos that answer after the first search (wrong)
+    guess_frac: float = 0.05  # demos that answer without searching (usually wrong)
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_key(world: WorldConfig, model: ModelConfig, sft: SFTConfig, env: EnvConfig) -> str:
+    import torch
+
+    env_part = {k: v for k, v in env.to_dict().items() if k in ("topk", "max_obs_words", "prompt_template")}
+    blob = json.dumps(
+        {
+            "version": WARMSTART_VERSION,
+            "world": world.to_dict(),
+            "model": model.to_dict(),
+            "sft": sft.to_dict(),
+            "env": env_part,
+            "torch": ".".join(torch.__version__.split(".")[:2]),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("LLD_MONITOR_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "lld-monitor"
+
+
+def demonstrations(world: World, retriever: BM25Retriever, env: EnvConfig, cfg: SFTConfig):
+    """(prompts, segments) of `cfg.n_demos` demonstrations; segments are (text, role) pieces."""
+    rng = random.Random(cfg.seed + 1)
+    qs = [world.questions[rng.randrange(len(world.questions))] for _ in range(cfg.n_demos)]
+    entities = sorted({a for q in world.questions for a in q.answers})
+    plans = []
+    for q in qs:
+        u = rng.random()
+        if u < cfg.guess_frac:
+            plans.append(("guess", q, []))
+        elif q.hops == 2 and u < cfg.guess_frac + cfg.shortcut_frac:
+            plans.append(("shortcut", q, [q.chain[0][0]]))
+        else:
+            plans.append(("full", q, [c[0] for c in q.chain]))
+    queries = [qq for _, _, qs_ in plans for qq in qs_]
+    hits = retriever.search(queries, env.topk) if queries else []
+    it = iter(hits)
+    prompts, segments = [], []
+    for kind, q, qlist in plans:
+        segs: list[tuple[str, int]] = []
+        for qq in qlist:
+            segs.append((f"<search> {qq} </search>", ROLE_ACTION))
+            segs.append((observation_text(next(it), env), ROLE_TOOL))
+        if kind == "guess":
+            ans = rng.choice(entities)
+        elif kind == "shortcut":
+            ans = q.chain[0][1]
+        else:
+            ans = q.answers[0]
+        segs.append((f"<answer> {ans} </answer>", ROLE_ACTION))
+        prompts.append(format_prompt(q.question, env))
+        segments.append(segs)
+    return prompts, segments
+
+
+def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, out_dir: Path, seed: int = 0):
+    """Train the warm-start checkpoint and save it (model + tokenizer) to `out_dir`."""
+    import torch
+    from tqdm import tqdm
+
+    t0 = time.time()
+    torch.manual_seed(sft.seed)
+    tok = build_tokenizer(world.texts())
+    model = build_model(model_cfg, tok, seed=sft.seed)
+    retriever = BM25Retriever(world.documents)
+    prompts, segments = demonstrations(world, retriever, env, sft)
+    ids, am, P, resp, rmask, role = pack_sequences(tok, prompts, segments)
+    loss_mask = (rmask & (role == ROLE_ACTION)).float()
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, sft.warmup_steps)) * max(0.05, 1 - s / max(1, sft.steps))
+    )
+    g = torch.Generator().manual_seed(sft.seed)
+    model.train()
+    bar = tqdm(range(sft.steps), desc="warm start (SFT)", leave=False)
+    for step in bar:
+        idx = torch.randint(0, ids.shape[0], (sft.batch_size,), generator=g)
+        x, a, p, lm = ids[idx], am[idx], pos[idx], loss_mask[idx]
+        # trim to the longest response in the batch
+        width = P + int(lm.sum(0).nonzero().max().item()) + 1 if lm.sum() > 0 else ids.shape[1]
+        x, a, p, lm = x[:, :width], a[:, :width], p[:, :width], lm[:, : width - P]
+        logits = model(input_ids=x, attention_mask=a, position_ids=p).logits
+        resp_logits = logits[:, P - 1 : width - 1, :]
+        nll = torch.nn.functional.cross_entropy(
+            resp_logits.reshape(-1, resp_logits.shape[-1]).float(), x[:, P:width].reshape(-1), reduction="none"
+        ).view(lm.shape)
+        loss = (nll * lm).sum() / lm.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    log.info("warm start trained in %.1f s (final loss %.3f) -> %s", time.time() - t0, loss.item(), out_dir)
+    return model, tok
+
+
+def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, world: World | None = None):
+    """Return (model, tokenizer, checkpoint_dir), training and caching the checkpoint if needed."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    key = cache_key(world_cfg, model_cfg, sft, env)
+    for base in (ASSETS, user_cache_dir() / "warmstart"):
+        d = base / key
+        if (d / "config.json").is_file() and (d / "tokenizer.json").is_file():
+            log.info("warm start: using cached checkpoint %s", d)
+            tok = PreTrainedTokenizerFast.from_pretrained(d)
+            model = AutoModelForCausalLM.from_pretrained(d, attn_implementation=model_cfg.attn_implementation)
+            return model, tok, d
+    world = world or build_world(world_cfg)
+    final = user_cache_dir() / "warmstart" / key
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
+    log.info("warm start: no cached checkpoint for key %s; training one (once)", key)
+    try:
+        train_warmstart(world, model_cfg, sft, env, tmp)
+        if final.exists():  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tok = PreTrainedTokenizerFast.from_pretrained(final)
+    model = AutoModelForCausalLM.from_pretrained(final, attn_implementation=model_cfg.attn_implementation)
+    return model, tok, final
