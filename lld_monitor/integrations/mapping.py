@@ -87,6 +87,7 @@ KEY_MAP: tuple[KeyMap, ...] = (
 
 # keys that carry the step axis rather than a value
 TRL_STEP_KEY = "train/global_step"
+LLD_STEP_KEY = "lld/step"  # written by wandb_export.WandbExporter
 SKIP_KEYS = frozenset({"_step"})
 
 
@@ -220,6 +221,7 @@ __all__ = [
     "KeyMap",
     "KEY_MAP",
     "TRL_STEP_KEY",
+    "LLD_STEP_KEY",
     "map_row",
     "mapped_keys",
     "detect_family",

@@ -101,9 +101,14 @@ def _is_scalar(v: Any) -> bool:
 
 
 def _step_of(row: Mapping[str, Any], step_key: str) -> int | None:
+    """The row's step on the run's axis; rows written by our exporter carry `lld/step`, rows written by
+    transformers' WandbCallback `train/global_step`, both meaning the optimizer step."""
     v = row.get(step_key)
     if v is None and step_key != "_step":
-        v = row.get("_step")
+        for alt in (mapping.LLD_STEP_KEY, mapping.TRL_STEP_KEY, "_step"):
+            v = row.get(alt)
+            if v is not None:
+                break
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return int(v)
@@ -222,8 +227,10 @@ def write_run(
         if len(first_rows) >= 50:
             break
     step_key = "_step"
-    if first_rows and any(mapping.TRL_STEP_KEY in r for r in first_rows):
-        step_key = mapping.TRL_STEP_KEY
+    for axis in (mapping.LLD_STEP_KEY, mapping.TRL_STEP_KEY):
+        if any(axis in r for r in first_rows):
+            step_key = axis
+            break
     peek_keys = {k for r in first_rows for k in r}
     if mode is not None and mode not in schema.MODES:
         raise ValueError(f"mode must be one of {schema.MODES}, got {mode!r}")

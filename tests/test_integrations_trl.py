@@ -1,0 +1,194 @@
+"""TRL GRPOTrainer integration: a real trl.GRPOTrainer (1.16.0) on CPU with a tiny Qwen2 built from config
+and a BPE tokenizer trained here (nothing downloaded)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from lld_monitor import lld  # noqa: E402
+
+CORPUS = [
+    "question: what is the capital of france? <search> capital of france </search>",
+    "<information> paris is the capital of france </information> <answer> paris </answer>",
+    "question: who wrote hamlet? <answer> shakespeare </answer>",
+] * 10
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<eos>", "<unk>", "<answer>", "</answer>"],
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def tiny_model(tokenizer, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                      tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg)
+
+
+def reward_len(completions, **kwargs):
+    return [float(len(c) % 5) / 4.0 for c in completions]
+
+
+def grpo_args(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                max_completion_length=8, max_steps=3, num_iterations=2, logging_steps=1, report_to=[], use_cpu=True,
+                learning_rate=5e-3, save_strategy="no", bf16=False, seed=0, disable_tqdm=True,
+                dataloader_num_workers=0)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def dataset():
+    return Dataset.from_dict({"prompt": ["question: what is the capital", "question: who wrote",
+                                         "<search> capital", "the answer is"] * 4})
+
+
+def test_trl_contract():
+    """The TRL internals the hook relies on (TRL moves fast: fail loudly when they change)."""
+    assert trl.__version__ == "1.16.0"
+    sig = inspect.signature(GRPOTrainer._compute_loss)
+    assert list(sig.parameters) == ["self", "model", "inputs"]
+    sig = inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies)
+    params = list(sig.parameters)
+    assert params[:5] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep"]
+    assert "compute_entropy" in params and sig.parameters["compute_entropy"].default is False
+    assert "tuple" in str(sig.return_annotation) and str(sig.return_annotation).count("Tensor") >= 3  # 3-tuple
+    assert list(inspect.signature(GRPOTrainer._calculate_rewards).parameters) == [
+        "self", "inputs", "prompts", "completions", "completion_ids_list"]
+    assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
+    src = inspect.getsource(GRPOTrainer._compute_loss)
+    for needle in ('inputs.get("old_per_token_logps")', 'inputs["advantages"]', 'inputs["completion_mask"]',
+                   "compute_entropy=True", "self.current_gradient_accumulation_steps"):
+        assert needle in src, needle
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "rewards_per_func = self._calculate_rewards(" in src and "process_slice" in src
+
+
+def _fixed_batch(trainer, tokenizer, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    B, P, T = 6, 5, 9
+    prompt_ids = torch.randint(5, len(tokenizer), (B, P), generator=g)
+    completion_ids = torch.randint(5, len(tokenizer), (B, T), generator=g)
+    completion_mask = torch.ones(B, T, dtype=torch.long)
+    completion_mask[0, 6:] = 0
+    completion_mask[3, 4:] = 0
+    model = trainer.model
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([prompt_ids, completion_ids], 1)).logits
+        cur = lld.token_logprobs(logits[:, P - 1 : -1], completion_ids)
+    # old log-probs: current ones moved up and down, so some tokens fell (d > 0) and some rose
+    noise = torch.randn(B, T, generator=g) * 0.3
+    old = cur + noise
+    return {
+        "prompt_ids": prompt_ids, "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.0, 0.5, 0.0, -0.7, 1.2, -1.0]),
+        "old_per_token_logps": old,
+        "num_items_in_batch": completion_mask.sum(),
+    }, cur
+
+
+@pytest.mark.parametrize("cfg", [lld.LLDSConfig(lam=0.3), lld.LLDSConfig(lam=0.2, gate="response", norm="token_mean")])
+def test_llds_option_adds_exactly_the_llds_term(tokenizer, tmp_path, cfg):
+    from lld_monitor.integrations.trl import LLDGRPOTrainer
+
+    torch.set_num_threads(1)
+    trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
+                             train_dataset=dataset(), processing_class=tokenizer, llds=cfg)
+    trainer.model.train()
+    # set by Trainer.train() before the first loss; a fixed batch outside train() needs it too
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    inputs, cur = _fixed_batch(trainer, tokenizer)
+    plain = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
+    with_llds = trainer._compute_loss(trainer.model, inputs)
+    mask = inputs["completion_mask"].bool()
+    term, st = lld.llds_loss(cur, inputs["old_per_token_logps"], inputs["advantages"], mask, cfg)
+    expected = cfg.lam * float(term) / trainer.current_gradient_accumulation_steps
+    assert expected > 1e-3 and st["n_penalized_tokens"] > 0  # the term is not trivially zero
+    assert float(with_llds.detach()) - float(plain.detach()) == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert trainer.lld_last_term == pytest.approx(expected, rel=1e-6)
+    # and the gradient differs by the LLDS gradient
+    trainer.model.zero_grad()
+    trainer._compute_loss(trainer.model, inputs).backward()
+    g_llds = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+    trainer.model.zero_grad()
+    GRPOTrainer._compute_loss(trainer, trainer.model, inputs).backward()
+    g_plain = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+    assert any(not torch.allclose(a, b) for a, b in zip(g_llds, g_plain, strict=True))
+
+
+def test_grpo_trainer_run_logs_into_the_store(tokenizer, tmp_path, caplog):
+    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.store import open_store_reader
+
+    torch.set_num_threads(1)
+    store = tmp_path / "store"
+    answer_open = tokenizer.convert_tokens_to_ids(["<answer>"])
+    answer_close = tokenizer.convert_tokens_to_ids(["</answer>"])
+    trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
+                             train_dataset=dataset(), processing_class=tokenizer, lld_store=str(store),
+                             lld_run_name="trl tiny", llds=lld.LLDSConfig(lam=0.2),
+                             answer_open_ids=answer_open, answer_close_ids=answer_close)
+    trainer.train()
+    assert trainer.lld_logger._closed
+    with open_store_reader(store) as r:
+        runs = r.runs()
+        assert len(runs) == 1
+        run = runs.iloc[0]
+        assert run["source"] == "trl" and run["mode"] == "llds" and run["status"] == "finished"
+        steps = r.steps(run["run_id"]).set_index("step")
+        assert steps.index.tolist() == [1, 2, 3]
+        # step 1 is the first pass over the generation batch: old == new; step 2 reuses it after one update
+        assert abs(steps.loc[1, "delta_preserved"]) < 1e-4
+        assert abs(steps.loc[2, "delta_preserved"]) > 1e-4
+        assert steps["grad_norm"].notna().all() and steps["lr"].notna().all()
+        assert steps["reward_mean"].notna().all() and steps["entropy"].notna().all()
+        assert (steps["n_samples"] == 4).all()
+        for s in (1, 2, 3):
+            assert steps.loc[s, "llds_loss"] >= 0
+        m = r.metrics(run["run_id"])
+        assert {"trl/loss", "trl/reward", "trl/num_tokens"} <= set(m["key"])
+        tok_steps = r.token_steps(run["run_id"])
+        assert tok_steps == [1, 2, 3]
+        tokens = r.tokens(run["run_id"], 2)
+        assert len(tokens) > 0 and tokens["logp_new"].notna().all()
+        assert tokens["token_text"].notna().all()
+        samples = r.samples(run["run_id"], step=2)
+        assert len(samples) == 4 and samples["text"].notna().all()
+        # Δ per sample matches the tokens, and each reward belongs to its own completion (TRL shuffles the
+        # generation batch; the reward must travel with it)
+        for _, srow in samples.iterrows():
+            t = tokens[tokens["sample_idx"] == srow["sample_idx"]].sort_values("position")
+            text = tokenizer.decode(t["token_id"].tolist(), skip_special_tokens=True)
+            assert srow["reward"] == reward_len([text])[0]
+            assert srow["delta_sum"] == pytest.approx(float((t["logp_new"] - t["logp_old"]).sum()), abs=1e-4)
+        # the dashboard's data functions read it
+        from lld_monitor.ui import queries
+
+        ov = queries.run_overview(r, run["run_id"])
+        assert ov is not None
+        frames = queries.compare_frames(r, [run["run_id"]], ["trl tiny"])
+        assert len(frames) >= 1
