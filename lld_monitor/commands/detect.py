@@ -1,0 +1,147 @@
+"""`lld-monitor detect`: the current phase, phase starts, collapse step and every alert of the runs in
+a store, computed offline by `lld_monitor.detect.detect_run` (the same alerts the online detector
+raised while the run was written).
+
+`--json` prints the public contract (docs/detector.md):
+{"runs": [{"name", "mode", "source", "phase", "phase_starts": {phase: step}, "collapse_step": int|null,
+           "alerts": [{"step", "phase", "severity", "signal", "value", "threshold", "message"}]}]}
+Non-finite alert values are written as null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+from lld_monitor.detect import SEVERITIES, DetectionResult, DetectorConfig, detect_run
+
+HELP = "name each run's phase (healthy / stagnation / decay / collapse) and list its early-warning alerts"
+
+log = logging.getLogger(__name__)
+
+
+def _default_store() -> str:
+    return os.environ.get("LLD_MONITOR_STORE", "./lld_runs")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default=_default_store(),
+                        help="run store folder (default: $LLD_MONITOR_STORE or ./lld_runs)")
+    parser.add_argument("--run", action="append", metavar="NAME",
+                        help="run name or id (repeatable; default: every run in the store)")
+    parser.add_argument("--json", action="store_true", help="print the JSON contract instead of text")
+    parser.add_argument("--min-severity", choices=SEVERITIES, default="info",
+                        help="only list alerts at or above this severity (default: info = all)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="JSON file of DetectorConfig overrides, e.g. {\"decay_z\": -4}")
+
+
+def _num(x: float | None) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def run_record(run: dict, res: DetectionResult, min_severity: str = "info") -> dict:
+    """One entry of the `detect --json` contract."""
+    floor = SEVERITIES.index(min_severity)
+    return {
+        "name": run.get("name"),
+        "mode": run.get("mode"),
+        "source": run.get("source"),
+        "phase": res.phase,
+        "phase_starts": {k: int(v) for k, v in res.phase_starts.items()},
+        "collapse_step": None if res.collapse_step is None else int(res.collapse_step),
+        "alerts": [
+            {
+                "step": int(a.step),
+                "phase": a.phase,
+                "severity": a.severity,
+                "signal": a.signal,
+                "value": _num(a.value),
+                "threshold": _num(a.threshold),
+                "message": a.message,
+            }
+            for a in res.alerts
+            if SEVERITIES.index(a.severity) >= floor
+        ],
+    }
+
+
+def _load_config(path: str | None) -> DetectorConfig:
+    if not path:
+        return DetectorConfig()
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"lld-monitor detect: cannot read --config {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise SystemExit(f"lld-monitor detect: --config {path} must hold a JSON object of DetectorConfig fields")
+    try:
+        return DetectorConfig.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"lld-monitor detect: bad --config {path}: {e}") from e
+
+
+def _print_text(rec: dict, out) -> None:
+    starts = ", ".join(f"{k} @ {v}" for k, v in sorted(rec["phase_starts"].items(), key=lambda kv: kv[1]))
+    cs = rec["collapse_step"]
+    print(f"{rec['name']}  (mode {rec['mode']}, source {rec['source']})", file=out)
+    print(f"  phase now: {rec['phase']}   phases began: {starts or '-'}", file=out)
+    print(f"  reward collapse: {'step ' + str(cs) if cs is not None else 'none'}", file=out)
+    if not rec["alerts"]:
+        print("  alerts: none", file=out)
+    for a in rec["alerts"]:
+        print(f"  step {a['step']:>6}  {a['severity']:<8} {a['phase']:<10} {a['signal']}: {a['message']}", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lld_monitor.store import NotAStoreError, StoreError, open_store_reader  # noqa: PLC0415
+
+    cfg = _load_config(getattr(args, "config", None))
+    store = args.store
+    if not Path(store).exists():
+        print(f"lld-monitor detect: no store at {store!r}; pass --store PATH (a folder made by "
+              f"`lld-monitor train` or `lld-monitor import-wandb`)", file=sys.stderr)
+        return 2
+    try:
+        reader = open_store_reader(store)
+    except (NotAStoreError, StoreError) as e:
+        print(f"lld-monitor detect: {e}", file=sys.stderr)
+        return 2
+    try:
+        runs_df = reader.runs()
+        if args.run:
+            runs = []
+            for key in args.run:
+                try:
+                    runs.append(reader.run(key))
+                except (KeyError, LookupError, StoreError) as e:
+                    names = ", ".join(map(str, runs_df["name"].tolist()[:20])) if len(runs_df) else "(none)"
+                    print(f"lld-monitor detect: no run {key!r} in {store} ({e}); runs: {names}", file=sys.stderr)
+                    return 2
+        else:
+            runs = runs_df.to_dict("records")
+        records = []
+        for run_row in runs:
+            sig = reader.signals(run_row["run_id"])
+            res = detect_run(sig, cfg) if len(sig) else DetectionResult("healthy", {}, None, [])
+            records.append(run_record(run_row, res, args.min_severity))
+    finally:
+        reader.close()
+
+    if args.json:
+        json.dump({"runs": records}, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        if not records:
+            print(f"no runs in {store}")
+        for rec in records:
+            _print_text(rec, sys.stdout)
+    return 0

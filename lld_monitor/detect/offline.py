@@ -1,0 +1,89 @@
+"""Offline detection over a finished (or running) run: a replay of `OnlineDetector`, so its alerts are
+exactly those the online detector raised on the same steps."""
+
+from __future__ import annotations
+
+import logging
+import numpy as np
+import pandas as pd
+
+from .config import DetectorConfig
+from .online import Alert, DetectionResult, OnlineDetector
+from .signals import KNOWN_COLUMNS, SIGNAL_CANDIDATES
+
+log = logging.getLogger(__name__)
+
+ALERT_COLUMNS = ("step", "phase", "severity", "signal", "value", "threshold", "message")
+
+
+def _prepare(signals_df: pd.DataFrame) -> pd.DataFrame:
+    if not isinstance(signals_df, pd.DataFrame):
+        raise TypeError(f"detect_run needs a pandas DataFrame (StoreReader.signals(run_id)), got {type(signals_df).__name__}")
+    if "step" not in signals_df.columns:
+        raise ValueError(
+            "detect_run: the table has no 'step' column; pass StoreReader.signals(run_id) or a DataFrame with "
+            f"a 'step' column and signal columns (got columns: {', '.join(map(str, signals_df.columns[:12]))})"
+        )
+    df = signals_df
+    steps = pd.to_numeric(df["step"], errors="coerce")
+    if steps.isna().any():
+        log.warning("detect_run: %d rows without a numeric step dropped", int(steps.isna().sum()))
+    df = df.assign(step=steps).dropna(subset=["step"])
+    df = df.sort_values("step", kind="stable")
+    dup = df["step"].duplicated(keep="last")
+    if dup.any():
+        log.warning("detect_run: %d duplicate steps; the last row of each is used", int(dup.sum()))
+        df = df[~dup]
+    return df
+
+
+def iter_signal_rows(signals_df: pd.DataFrame):
+    """(step, {column: value}) per row, in step order, with only the columns the detector reads."""
+    df = _prepare(signals_df)
+    cols = [c for c in df.columns if c in KNOWN_COLUMNS]
+    vals = {}
+    for c in cols:
+        vals[c] = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    steps = df["step"].to_numpy(dtype=np.int64)
+    for i, s in enumerate(steps):
+        yield int(s), {c: vals[c][i] for c in cols}
+
+
+def detect_run(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None) -> DetectionResult:
+    """Run the detector over a whole run. `signals_df` = StoreReader.signals(run_id): one row per step,
+    canonical STEP_SIGNALS columns and/or raw verl / TRL metric keys; whatever is present is used."""
+    det = OnlineDetector(cfg)
+    for step, row in iter_signal_rows(signals_df):
+        det.update(step, row)
+    return det.result()
+
+
+def alerts_frame(alerts: list[Alert]) -> pd.DataFrame:
+    """Alerts as a DataFrame with the columns of schema.ALERTS minus run_id."""
+    return pd.DataFrame([a.to_dict() for a in alerts], columns=list(ALERT_COLUMNS))
+
+
+def reward_collapse_step(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None) -> int | None:
+    """The reward-collapse step of a run by the written definition (see lld_monitor.detect.online):
+    the first step of `collapse_patience` consecutive reward points whose trailing median is below
+    `collapse_frac` x its running peak. None if the run never collapsed. Same computation as the
+    online detector's `collapse_step` (it is the same class)."""
+    # the reward source is chosen as the online detector chooses it (highest-priority candidate,
+    # upgraded during warm-up); feeding the detector's own signal tracks keeps the two identical.
+    det = OnlineDetector(cfg)
+    for step, row in iter_signal_rows(signals_df):
+        det._ingest(step, row, [])  # noqa: SLF001 — only the signal tracks and the reward tracker
+        if det._reward.collapse_step is not None:
+            return det._reward.collapse_step
+    return None
+
+
+def reward_series(signals_df: pd.DataFrame) -> tuple[str | None, pd.Series]:
+    """(column, reward by step) using the detector's reward candidates, for plots and evaluation."""
+    df = _prepare(signals_df)
+    for cand in SIGNAL_CANDIDATES["reward"]:
+        if cand.label in df.columns:
+            s = pd.to_numeric(df[cand.label], errors="coerce")
+            if s.notna().any():
+                return cand.label, pd.Series(s.to_numpy(dtype=float), index=df["step"].astype(int).to_numpy())
+    return None, pd.Series(dtype=float)

@@ -1,0 +1,453 @@
+"""The online detector: sees one step at a time (as inside RunLogger's writer thread) and returns the
+alerts raised at that step. `detect_run` (offline) replays a finished run through this same class,
+so online and offline alerts cannot diverge.
+
+Phases (schema.PHASES), after the paper's trajectory (research/paper.md section 2):
+  healthy     the correct-response likelihood is still rising (or nothing is known yet)
+  stagnation  phase I: the likelihood trend is flat                                   -> info
+  decay       phase II: the likelihood declines steadily, or token displacement of
+              preserved (A >= 0) responses is persistently negative                    -> warning
+  collapse    phase III: likelihood decline accelerating, entropy / grad norm / ratio
+              surges together with the decay, or the reward has collapsed              -> critical
+Each phase is latched with hysteresis: entered after its condition held `enter_patience`
+consecutive updates, left after it failed `exit_patience` consecutive updates; the reported phase
+is the highest latched one.
+
+REWARD COLLAPSE (the definition the evaluation uses): let r~ be the trailing median of the last
+`reward_smooth_window` reward points and P its running maximum. The reward has collapsed at step s
+when P >= `collapse_min_peak` and r~ < `collapse_frac` x P on `collapse_patience` consecutive reward
+points starting at s; `collapse_step` = s (known `collapse_patience - 1` points later).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .config import DetectorConfig
+from .signals import SIGNAL_CANDIDATES, SIGNALS, Candidate, first_present
+from .stats import robust_sigma, theil_sen
+
+log = logging.getLogger(__name__)
+
+PHASES = ("healthy", "stagnation", "decay", "collapse")  # == schema.PHASES (checked in tests)
+SEVERITIES = ("info", "warning", "critical")  # == schema.SEVERITIES
+_LEVEL_SEVERITY = {"stagnation": "info", "decay": "warning", "collapse": "critical"}
+
+
+@dataclass
+class Alert:
+    """One alert; the fields are schema.ALERTS minus run_id."""
+
+    step: int
+    phase: str
+    severity: str
+    signal: str
+    value: float
+    threshold: float
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DetectionResult:
+    phase: str
+    phase_starts: dict[str, int]
+    collapse_step: int | None
+    alerts: list[Alert]
+    signal_sources: dict[str, str] = field(default_factory=dict)  # detector signal -> column used
+
+
+@dataclass
+class _Evidence:
+    signal: str
+    value: float
+    threshold: float
+    message: str
+
+
+class _Track:
+    """History of one detector signal (finite points only) and its source column."""
+
+    def __init__(self, maxlen: int, smooth_window: int) -> None:
+        self.steps: deque[int] = deque(maxlen=maxlen)
+        self.values: deque[float] = deque(maxlen=maxlen)
+        self.source: Candidate | None = None
+        self.rank = 10**9
+        self.n = 0
+        self.smooth_window = smooth_window
+        self.smooth_peak = -math.inf
+        self.last_step: int | None = None
+
+    def reset(self) -> None:
+        self.steps.clear()
+        self.values.clear()
+        self.n = 0
+        self.smooth_peak = -math.inf
+
+    def add(self, step: int, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+        self.n += 1
+        self.last_step = step
+        if len(self.values) >= self.smooth_window:
+            self.smooth_peak = max(self.smooth_peak, self.smoothed())
+
+    def smoothed(self) -> float:
+        k = min(self.smooth_window, len(self.values))
+        return float(np.median(np.fromiter(list(self.values)[-k:], dtype=float, count=k)))
+
+    def last(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, len(self.values))
+        s = list(self.steps)[-k:]
+        v = list(self.values)[-k:]
+        return np.asarray(s, dtype=float), np.asarray(v, dtype=float)
+
+
+class _RewardCollapse:
+    """The reward-collapse definition (module docstring), one reward point at a time."""
+
+    def __init__(self, cfg: DetectorConfig) -> None:
+        self.cfg = cfg
+        self.window: deque[float] = deque(maxlen=int(cfg.reward_smooth_window))
+        self.smoothed = math.nan
+        self.peak = -math.inf
+        self.streak_start: int | None = None
+        self.streak = 0
+        self.collapse_step: int | None = None
+        self.below = False
+
+    def add(self, step: int, r: float) -> bool:
+        """Feed one finite reward; True when the collapse is confirmed at this point."""
+        self.window.append(r)
+        if len(self.window) < self.window.maxlen:  # type: ignore[operator]
+            return False
+        self.smoothed = float(np.median(np.fromiter(self.window, dtype=float)))
+        self.peak = max(self.peak, self.smoothed)
+        self.below = self.peak >= self.cfg.collapse_min_peak and self.smoothed < self.cfg.collapse_frac * self.peak
+        if self.below:
+            if self.streak == 0:
+                self.streak_start = step
+            self.streak += 1
+        else:
+            self.streak = 0
+            self.streak_start = None
+        if self.collapse_step is None and self.streak >= self.cfg.collapse_patience:
+            self.collapse_step = self.streak_start
+            return True
+        return False
+
+
+class _Latch:
+    def __init__(self, enter: int, exit_: int) -> None:
+        self.enter, self.exit = enter, exit_
+        self.on = 0
+        self.off = 0
+        self.active = False
+        self.episode_open = False  # a 'suspected' info alert was sent for the current run of evidence
+
+    def feed(self, cond: bool) -> tuple[bool, bool]:
+        """Returns (entered, left) for this update."""
+        if cond:
+            self.on += 1
+            self.off = 0
+        else:
+            self.off += 1
+            self.on = 0
+            if self.off >= self.exit:
+                self.episode_open = False
+        entered = left = False
+        if not self.active and self.on >= self.enter:
+            self.active, entered = True, True
+        elif self.active and self.off >= self.exit:
+            self.active, left = False, True
+        return entered, left
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+class OnlineDetector:
+    """Early-warning detector over a run's step signals, one step at a time.
+
+    `update(step, signals)` takes a mapping of column name -> value (canonical STEP_SIGNALS names,
+    verl or TRL metric keys; NaN / None = missing) and returns the alerts raised at that step.
+    Steps must increase; a step not greater than the last one is ignored (logged).
+    """
+
+    def __init__(self, cfg: DetectorConfig | None = None) -> None:
+        self.cfg = cfg or DetectorConfig()
+        c = self.cfg
+        maxlen = int(max(c.trend_window, c.baseline_window + c.surge_window, c.displacement_window, c.smooth_window)) + 1
+        self._tracks: dict[str, _Track] = {s: _Track(maxlen, int(c.smooth_window)) for s in SIGNALS}
+        self._reward = _RewardCollapse(c)
+        self._latches = {
+            lvl: _Latch(int(c.enter_patience), int(c.exit_patience)) for lvl in ("stagnation", "decay", "collapse")
+        }
+        self._n_updates = 0
+        self._last_step: int | None = None
+        self._cooldown: dict[str, int] = {}
+        self.phase: str = "healthy"
+        self.phase_starts: dict[str, int] = {}
+        self.collapse_step: int | None = None
+        self.alerts: list[Alert] = []
+
+    # ------------------------------------------------------------------ public
+    @property
+    def signal_sources(self) -> dict[str, str]:
+        return {s: t.source.label for s, t in self._tracks.items() if t.source is not None}
+
+    def result(self) -> DetectionResult:
+        return DetectionResult(
+            phase=self.phase,
+            phase_starts=dict(self.phase_starts),
+            collapse_step=self.collapse_step,
+            alerts=list(self.alerts),
+            signal_sources=self.signal_sources,
+        )
+
+    def update(self, step: int, signals: Mapping[str, object]) -> list[Alert]:
+        step = int(step)
+        if self._last_step is not None and step <= self._last_step:
+            log.debug("detector: step %d ignored (not after step %d)", step, self._last_step)
+            return []
+        self._last_step = step
+        self._n_updates += 1
+        out: list[Alert] = []
+        if not self.phase_starts:
+            self.phase_starts["healthy"] = step
+
+        confirmed = self._ingest(step, signals, out)
+        if confirmed:
+            self.collapse_step = self._reward.collapse_step
+            rc = self._reward
+            self._emit(
+                out, step, "critical", self._tracks["reward"].source.label,  # type: ignore[union-attr]
+                rc.smoothed, self.cfg.collapse_frac * rc.peak,
+                f"reward collapse since step {rc.collapse_step}: smoothed reward {_fmt(rc.smoothed)} has stayed "
+                f"below {self.cfg.collapse_frac:g} x its peak {_fmt(rc.peak)} for {self.cfg.collapse_patience} points",
+                phase="collapse",
+            )
+
+        warm = self._n_updates >= self.cfg.warmup_steps
+        stag_ev, decay_ev, collapse_ev, suspect_ev = self._evaluate(step, out) if warm else (None, [], [], [])
+
+        conds = {"stagnation": stag_ev is not None, "decay": bool(decay_ev), "collapse": bool(collapse_ev)}
+        if self.collapse_step is not None and self._reward.below:
+            conds["collapse"] = True
+        transitions: list[tuple[str, bool]] = []
+        for lvl, latch in self._latches.items():
+            entered, left = latch.feed(conds[lvl])
+            if entered or left:
+                transitions.append((lvl, entered))
+        # 'suspected' info alerts: first update of a new run of evidence, before the latch confirms
+        for lvl, evs in (("decay", decay_ev), ("collapse", collapse_ev or suspect_ev)):
+            latch = self._latches[lvl]
+            if evs and not latch.active and not latch.episode_open and self._level(self.phase) < self._level(lvl):
+                latch.episode_open = True
+                e = evs[0]
+                self._emit(out, step, "info", e.signal, e.value, e.threshold, f"suspected {lvl}: {e.message}")
+
+        new_phase = "healthy"
+        for lvl in ("stagnation", "decay", "collapse"):
+            if self._latches[lvl].active:
+                new_phase = lvl
+        if new_phase != self.phase:
+            old = self.phase
+            self.phase = new_phase
+            self.phase_starts.setdefault(new_phase, step)
+            if self._level(new_phase) > self._level(old):
+                evs = {"stagnation": [stag_ev] if stag_ev else [], "decay": decay_ev, "collapse": collapse_ev}[new_phase]
+                if new_phase == "collapse" and not evs and self.collapse_step is not None:
+                    rc = self._reward
+                    evs = [_Evidence(self._tracks["reward"].source.label, rc.smoothed,  # type: ignore[union-attr]
+                                     self.cfg.collapse_frac * rc.peak, "the reward has collapsed")]
+                e = evs[0] if evs else _Evidence("phase", math.nan, math.nan, "")
+                extra = "; also: " + "; ".join(x.message for x in evs[1:3]) if len(evs) > 1 else ""
+                self._emit(out, step, _LEVEL_SEVERITY[new_phase], e.signal, e.value, e.threshold,
+                           f"{self._title(new_phase)}: {e.message}{extra}")
+            else:
+                off = self._latches[old].off
+                self._emit(out, step, "info", "phase", float(off), float(self.cfg.exit_patience),
+                           f"phase back to {new_phase} (the {old} condition failed for {off} updates)")
+        self.alerts.extend(out)
+        return out
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _level(phase: str) -> int:
+        return PHASES.index(phase)
+
+    @staticmethod
+    def _title(phase: str) -> str:
+        return {
+            "stagnation": "phase I (stagnation)",
+            "decay": "phase II (likelihood decay) — the LLD death spiral has likely begun",
+            "collapse": "phase III (collapse)",
+        }[phase]
+
+    def _emit(self, out: list[Alert], step: int, severity: str, signal: str, value: float, threshold: float,
+              message: str, phase: str | None = None) -> None:
+        a = Alert(step=step, phase=phase or self.phase, severity=severity, signal=signal,
+                  value=float(value), threshold=float(threshold), message=message)
+        out.append(a)
+        (log.warning if severity != "info" else log.info)("step %d [%s] %s", step, severity, message)
+
+    def _cooled(self, key: str) -> bool:
+        last = self._cooldown.get(key)
+        if last is not None and self._n_updates - last < self.cfg.spike_info_cooldown:
+            return False
+        self._cooldown[key] = self._n_updates
+        return True
+
+    def _ingest(self, step: int, signals: Mapping[str, object], out: list[Alert]) -> bool:
+        warm_pts = int(self.cfg.warmup_steps)
+        confirmed = False
+        for name in SIGNALS:
+            hit = first_present(name, signals)
+            if hit is None:
+                continue
+            rank, cand, v = hit
+            tr = self._tracks[name]
+            if tr.source is None or (rank < tr.rank and tr.n < warm_pts):
+                if tr.source is not None:
+                    log.info("detector: %s now read from %s (was %s)", name, cand.label, tr.source.label)
+                tr.reset()
+                if name == "reward":
+                    self._reward = _RewardCollapse(self.cfg)
+                tr.source, tr.rank = cand, rank
+            elif cand is not tr.source:
+                # the locked source is missing this step; a lower-priority one is not mixed in
+                v2 = tr.source.get(signals)
+                if v2 is None or math.isnan(v2):
+                    continue
+                v = v2
+            if not math.isfinite(v):
+                if self._cooled("nonfinite:" + name):
+                    self._emit(out, step, "info", tr.source.label, v, math.nan,
+                               f"non-finite {tr.source.label} ({v}) — ignored by the detector")
+                continue
+            tr.add(step, v)
+            if name == "reward":
+                confirmed = self._reward.add(step, v) or confirmed
+        return confirmed
+
+    # evidence -----------------------------------------------------------------
+    def _ll_trend(self):
+        c = self.cfg
+        tr = self._tracks["ll_correct"]
+        if tr.source is None or len(tr.values) < c.trend_min_points or tr.n < c.warmup_steps:
+            return None
+        x, y = tr.last(int(c.trend_window))
+        if x.size < c.trend_min_points:
+            return None
+        floor = c.sigma_floor_rel * abs(float(np.median(y)))
+        t = theil_sen(x, y, sigma_floor=floor)
+        drop = tr.smooth_peak - tr.smoothed() if math.isfinite(tr.smooth_peak) else 0.0
+        return tr, t, drop, float(x[-1] - x[0])
+
+    def _surge(self, name: str):
+        """(surge?, spike-now?, recent median, level) for an upward surge of `name`, or None."""
+        c = self.cfg
+        tr = self._tracks[name]
+        need = int(c.baseline_min_points + c.surge_window)
+        if tr.source is None or len(tr.values) < need:
+            return None
+        _, v = tr.last(int(c.baseline_window + c.surge_window))
+        base, recent = v[: -int(c.surge_window)], v[-int(c.surge_window):]
+        med = float(np.median(base))
+        sig = robust_sigma(base, floor=c.sigma_floor_rel * abs(med))
+        level = med + max(c.spike_sigma * sig, c.spike_rel * abs(med))
+        hits = int(np.sum(recent > level))
+        return hits >= c.surge_min_count, bool(recent[-1] > level), float(np.median(recent)), level, hits, med
+
+    def _evaluate(self, step: int, out: list[Alert]):
+        c = self.cfg
+        stag_ev: _Evidence | None = None
+        decay_ev: list[_Evidence] = []
+        collapse_ev: list[_Evidence] = []
+        suspect_ev: list[_Evidence] = []
+
+        llt = self._ll_trend()
+        if llt is not None:
+            tr, t, drop, span = llt
+            lab = tr.source.label  # type: ignore[union-attr]
+            decline = -t.slope * span
+            declining = (t.z < c.decay_z and drop > c.decay_drop_sigma * t.sigma
+                         and decline >= c.decay_min_decline_sigma * t.sigma)
+            if declining:
+                decay_ev.append(_Evidence(
+                    lab, t.z, c.decay_z,
+                    f"{lab} declining: trend z={t.z:.2f} over the last {t.n} points (threshold {c.decay_z:g}), "
+                    f"slope {_fmt(t.slope)}/step, {drop / max(t.sigma, 1e-12):.1f} sigma below its peak"))
+            elif t.z <= c.rise_z:
+                stag_ev = _Evidence(
+                    lab, t.z, c.rise_z,
+                    f"{lab} has stopped rising: trend z={t.z:.2f} over the last {t.n} points "
+                    f"(rising needs > {c.rise_z:g})")
+            # acceleration of an ongoing decline (phase III)
+            if t.slope < 0 and self._latches["decay"].active:
+                xs, ys = tr.last(int(c.accel_window))
+                if xs.size >= 3 and np.ptp(xs) > 0:
+                    ts = theil_sen(xs, ys, sigma_floor=c.sigma_floor_rel * abs(float(np.median(ys))))
+                    if ts.slope < c.accel_factor * t.slope and ts.z < c.decay_z:
+                        collapse_ev.append(_Evidence(
+                            lab, ts.slope / t.slope, c.accel_factor,
+                            f"{lab} decline accelerating: last {ts.n} points fall {ts.slope / t.slope:.1f}x as fast as "
+                            f"the last {t.n} (threshold {c.accel_factor:g}x)"))
+
+        dtr = self._tracks["displacement"]
+        if dtr.source is not None and len(dtr.values) >= c.displacement_window:
+            _, d = dtr.last(int(c.displacement_window))
+            neg = float(np.mean(d < 0))
+            if neg >= c.displacement_neg_frac and float(np.median(d)) < 0:
+                lab = dtr.source.label
+                decay_ev.append(_Evidence(
+                    lab, neg, c.displacement_neg_frac,
+                    f"{lab} < 0 on {neg:.0%} of the last {d.size} steps (threshold {c.displacement_neg_frac:.0%}): "
+                    f"the step's updates keep lowering the likelihood of preserved (A >= 0) responses"))
+
+        decaying = self._latches["decay"].active or bool(decay_ev)
+        surges: list[_Evidence] = []
+        for name in ("entropy", "grad_norm", "clip_frac", "ppo_kl"):
+            s = self._surge(name)
+            if s is None:
+                continue
+            surge, spike_now, recent_med, level, hits, med = s
+            lab = self._tracks[name].source.label  # type: ignore[union-attr]
+            if surge:
+                surges.append(_Evidence(
+                    lab, recent_med, level,
+                    f"{lab} surge: {hits} of the last {c.surge_window} points above {_fmt(level)} "
+                    f"(baseline median {_fmt(med)}), recent median {_fmt(recent_med)}"))
+            elif spike_now and hits == 1 and self._cooled("spike:" + name):
+                v = self._tracks[name].values[-1]
+                self._emit(out, step, "info", lab, v, level,
+                           f"isolated {lab} spike {_fmt(v)} (level {_fmt(level)}, baseline median {_fmt(med)}); "
+                           f"not sustained, not a collapse")
+        if surges and (decaying or len(surges) >= 2):
+            collapse_ev.extend(surges)
+        elif surges:
+            suspect_ev.extend(surges)
+
+        rc = self._reward
+        if decaying and math.isfinite(rc.smoothed) and rc.peak >= c.collapse_min_peak \
+                and rc.smoothed < c.reward_degrade_frac * rc.peak:
+            lab = self._tracks["reward"].source.label  # type: ignore[union-attr]
+            collapse_ev.append(_Evidence(
+                lab, rc.smoothed, c.reward_degrade_frac * rc.peak,
+                f"reward falling during the likelihood decay: smoothed {_fmt(rc.smoothed)} < "
+                f"{c.reward_degrade_frac:g} x peak {_fmt(rc.peak)}"))
+        if self.collapse_step is not None and rc.below:
+            lab = self._tracks["reward"].source.label  # type: ignore[union-attr]
+            collapse_ev.append(_Evidence(lab, rc.smoothed, c.collapse_frac * rc.peak,
+                                         f"reward collapsed since step {self.collapse_step}"))
+        return stag_ev, decay_ev, collapse_ev, suspect_ev

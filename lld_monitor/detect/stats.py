@@ -1,0 +1,65 @@
+"""Robust statistics used by the detector (numpy only): Theil-Sen trend with a robust z-score,
+median/MAD baselines, trailing medians."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826  # MAD x this = sigma for Gaussian noise
+
+
+@lru_cache(maxsize=64)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    i, j = np.triu_indices(n, 1)
+    return i, j
+
+
+def robust_sigma(x: np.ndarray, floor: float = 0.0) -> float:
+    """1.4826 x MAD of x, at least `floor`."""
+    if x.size == 0:
+        return float(floor)
+    med = np.median(x)
+    return float(max(MAD_TO_SIGMA * np.median(np.abs(x - med)), floor))
+
+
+@dataclass(frozen=True)
+class Trend:
+    slope: float  # units of y per step
+    intercept: float
+    sigma: float  # robust sigma of the residuals
+    z: float  # slope / its standard error (as for OLS on n points with residual sigma)
+    n: int
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray, sigma_floor: float = 0.0) -> Trend:
+    """Theil-Sen line through (x, y) (median of pairwise slopes; robust to ~29% outliers) and a
+    z-score for its slope: slope * sqrt(sum((x - mean x)^2)) / sigma_resid, where sigma_resid is the
+    robust sigma of the residuals (floored at `sigma_floor`)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    n = int(x.size)
+    if n < 3:
+        raise ValueError("theil_sen needs at least 3 points")
+    i, j = _pairs(n)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        raise ValueError("theil_sen needs at least two distinct x values")
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
+    intercept = float(np.median(y - slope * x))
+    resid = y - (slope * x + intercept)
+    sigma = robust_sigma(resid, floor=sigma_floor)
+    sxx = float(np.sum((x - x.mean()) ** 2))
+    if sigma > 0:
+        z = slope * np.sqrt(sxx) / sigma
+    else:
+        z = 0.0 if slope == 0 else float(np.copysign(1e9, slope))
+    return Trend(slope=slope, intercept=intercept, sigma=sigma, z=float(z), n=n)
+
+
+def trailing_median(y: np.ndarray, window: int) -> float:
+    """Median of the last `window` values of y."""
+    return float(np.median(y[-window:]))

@@ -1,0 +1,145 @@
+"""Detector phase transitions on synthetic trajectories with known boundaries
+(lld_monitor.detect.synthetic follows the paper's order of events)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lld_monitor.detect import DetectorConfig, detect_run, reward_collapse_step
+from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral, to_verl
+
+SEVERE = ("warning", "critical")
+
+
+def first(alerts, severities=SEVERE):
+    steps = [a.step for a in alerts if a.severity in severities]
+    return steps[0] if steps else None
+
+
+def test_rise_then_plateau_is_stagnation_info_only():
+    # likelihood rises until 30 then flat; no decay, no collapse
+    df = spiral(SpiralSpec(steps=200, decay_start=None, accel_start=None, collapse_start=None, seed=3))
+    df["delta_preserved_mean"] = np.random.default_rng(3).normal(0.02, 0.03, len(df))
+    res = detect_run(df)
+    assert res.phase == "stagnation"
+    assert 30 <= res.phase_starts["stagnation"] <= 90
+    assert first(res.alerts) is None
+    assert res.collapse_step is None
+    stag = [a for a in res.alerts if a.phase == "stagnation" and a.signal == "ll_correct_mean"]
+    assert stag and stag[0].severity == "info" and stag[0].threshold == DetectorConfig().rise_z
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stagnation_to_decay_warns_in_phase_two(seed):
+    spec = SpiralSpec(seed=seed)
+    res = detect_run(spiral(spec))
+    assert res.phase_starts["stagnation"] < res.phase_starts["decay"]
+    assert spec.decay_start <= res.phase_starts["decay"] <= spec.decay_start + 40
+    warn = [a for a in res.alerts if a.severity == "warning"]
+    assert warn[0].phase == "decay" and warn[0].step == res.phase_starts["decay"]
+    assert warn[0].signal in ("ll_correct_mean", "delta_preserved_mean")
+    assert warn[0].value < warn[0].threshold or warn[0].signal == "delta_preserved_mean"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_decay_to_collapse_is_critical_before_reward_collapse(seed):
+    spec = SpiralSpec(seed=seed)
+    res = detect_run(spiral(spec))
+    assert res.phase == "collapse"
+    assert res.collapse_step is not None and spec.collapse_start < res.collapse_step <= spec.collapse_start + 30
+    crit = [a for a in res.alerts if a.severity == "critical"]
+    assert crit[0].step < res.collapse_step  # phase III is named before the reward collapses
+    assert res.phase_starts["decay"] < res.phase_starts["collapse"] < res.collapse_step
+    # the reward-collapse alert itself
+    rc = [a for a in res.alerts if a.signal == "reward_mean" and "reward collapse" in a.message]
+    assert len(rc) == 1 and rc[0].value < rc[0].threshold
+    lead = res.collapse_step - first(res.alerts)
+    assert lead >= 20 and lead >= 0.25 * (res.collapse_step - spec.decay_start)
+
+
+def test_flat_healthy_run_has_no_warning():
+    rng = np.random.default_rng(7)
+    n = 300
+    df = pd.DataFrame({
+        "step": np.arange(n),
+        "reward_mean": 0.4 + rng.normal(0, 0.03, n),
+        "ll_correct_mean": -0.6 + rng.normal(0, 0.02, n),
+        "delta_preserved_mean": rng.normal(0.01, 0.03, n),
+        "entropy": 0.9 + rng.normal(0, 0.02, n),
+        "grad_norm": rng.lognormal(0, 0.1, n),
+    })
+    res = detect_run(df)
+    assert first(res.alerts) is None
+    assert res.collapse_step is None
+    assert res.phase in ("healthy", "stagnation")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_noisy_healthy_run_with_one_grad_spike_is_not_collapse(seed):
+    df = healthy(seed=seed, noise=1.5)
+    df.loc[df.step == 150, "grad_norm"] = 40.0
+    res = detect_run(df)
+    assert res.phase != "collapse"
+    assert "collapse" not in res.phase_starts
+    assert first(res.alerts) is None
+    spikes = [a for a in res.alerts if a.signal == "grad_norm" and a.step == 150]
+    assert len(spikes) == 1 and spikes[0].severity == "info" and spikes[0].value == 40.0
+    assert spikes[0].value > spikes[0].threshold
+
+
+def test_healthy_runs_many_seeds_no_false_warning():
+    for seed in range(10, 20):
+        for noise in (1.0, 1.5):
+            res = detect_run(healthy(seed=seed, noise=noise))
+            assert first(res.alerts) is None, (seed, noise, [a for a in res.alerts if a.severity != "info"])
+
+
+def test_reward_collapse_definition_exact_step():
+    # peak 0.6, then drops to 0.2 at step 50; trailing median of 5 drops below 0.3 at step 52
+    r = np.r_[np.full(50, 0.6), np.full(30, 0.2)]
+    df = pd.DataFrame({"step": np.arange(80), "reward_mean": r})
+    assert reward_collapse_step(df) == 52
+    assert detect_run(df).collapse_step == 52
+    # a dip shorter than collapse_patience is not a collapse
+    r2 = np.r_[np.full(50, 0.6), np.full(4, 0.1), np.full(30, 0.6)]  # smoothed below on 4 points only
+    assert reward_collapse_step(pd.DataFrame({"step": np.arange(r2.size), "reward_mean": r2})) is None
+    # a run that never learned cannot collapse
+    r3 = np.r_[np.full(50, 0.04), np.zeros(30)]
+    assert reward_collapse_step(pd.DataFrame({"step": np.arange(80), "reward_mean": r3})) is None
+
+
+def test_reward_collapse_with_nothing_else_is_critical_at_confirmation():
+    r = np.r_[np.full(50, 0.6), np.full(30, 0.0)]
+    res = detect_run(pd.DataFrame({"step": np.arange(80), "reward_mean": r}))
+    assert res.collapse_step == 52 and res.phase == "collapse"
+    crit = [a for a in res.alerts if a.severity == "critical"]
+    assert crit[0].step == 52 + DetectorConfig().collapse_patience - 1
+
+
+def test_hysteresis_no_flicker_and_recovery():
+    # decay for a while, then the likelihood rises again: decay is left once, never re-entered quickly
+    rng = np.random.default_rng(5)
+    n = 400
+    t = np.arange(n, dtype=float)
+    ll = -0.5 - np.clip(t - 80, 0, 70) * 0.004 + np.clip(t - 150, 0, None) * 0.004
+    ll = np.minimum(ll, -0.5) + rng.normal(0, 0.02, n)
+    df = pd.DataFrame({"step": t.astype(int), "ll_correct_mean": ll, "reward_mean": 0.5 + rng.normal(0, 0.03, n)})
+    res = detect_run(df)
+    changes = [a for a in res.alerts if "phase back" in a.message or a.severity == "warning"]
+    assert 1 <= sum(a.severity == "warning" for a in changes) <= 2
+    assert res.phase != "decay"
+    back = [a for a in res.alerts if "phase back" in a.message]
+    assert back and back[0].value == back[0].threshold == DetectorConfig().exit_patience
+
+
+def test_scalar_only_verl_names_still_warn():
+    spec = SpiralSpec(seed=1)
+    res = detect_run(to_verl(spiral(spec)))
+    assert res.signal_sources["ll_correct"] == "actor/pos_avg_old_log_prob"
+    assert res.signal_sources["reward"] == "critic/score/mean"
+    assert "displacement" not in res.signal_sources
+    w = first(res.alerts)
+    assert w is not None and res.collapse_step - w >= 20
+    assert all(a.signal.startswith(("actor/", "critic/")) for a in res.alerts if a.signal != "phase")
