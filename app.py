@@ -14,17 +14,17 @@ from lld_monitor.ui import widgets
 HERE = Path(__file__).resolve().parent
 PAGES = HERE / "pages"
 
-st.set_page_config(page_title="lld-monitor", page_icon="📉", layout="wide")
+st.set_page_config(page_title="lld-monitor", page_icon=":material/trending_down:", layout="wide")
 
 pages = [
-    st.Page(str(PAGES / "live_health.py"), title="Live health", icon="📈", url_path="live", default=True),
-    st.Page(str(PAGES / "compare_runs.py"), title="Compare runs", icon="🔀", url_path="compare"),
-    st.Page(str(PAGES / "token_inspector.py"), title="Token inspector", icon="🔍", url_path="tokens"),
-    st.Page(str(PAGES / "post_mortem.py"), title="Post-mortem", icon="🩺", url_path="post_mortem"),
+    st.Page(str(PAGES / "live_health.py"), title="Live health", icon=":material/monitor_heart:", url_path="live", default=True),
+    st.Page(str(PAGES / "compare_runs.py"), title="Compare runs", icon=":material/compare_arrows:", url_path="compare"),
+    st.Page(str(PAGES / "token_inspector.py"), title="Token inspector", icon=":material/text_fields:", url_path="tokens"),
+    st.Page(str(PAGES / "post_mortem.py"), title="Post-mortem", icon=":material/troubleshoot:", url_path="postmortem"),
 ]
 # slot for the Integrations room's page (pages/import_wandb.py), included when present
 if (PAGES / "import_wandb.py").exists():
-    pages.append(st.Page(str(PAGES / "import_wandb.py"), title="Import from W&B", icon="📥", url_path="import_wandb"))
+    pages.append(st.Page(str(PAGES / "import_wandb.py"), title="Import from W&B", icon=":material/download:", url_path="import-wandb"))
 
 nav = st.navigation(pages)
 widgets.sidebar()

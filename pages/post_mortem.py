@@ -29,7 +29,7 @@ if widgets.require_run(ctx):
 
     st.subheader("What moved first")
     if pm.reference_step is None:
-        st.write("No collapse detected and no reward drop: the first alert of each signal is listed without a lead time.")
+        st.write("The detector found no reward collapse in this run: the first alert of each signal is listed without a lead time.")
     else:
         st.write(f"Reference: **{pm.reference_kind}** at step **{pm.reference_step}**.")
     if pm.leads.empty:

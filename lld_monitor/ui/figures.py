@@ -42,7 +42,7 @@ def add_phase_bands(fig: go.Figure, bands: pd.DataFrame | None, *, rows: int = 1
             fig.add_vrect(x0=x0, x1=x1, fillcolor=color, line_width=0, layer="below", row=r, col=1)
         if label:
             fig.add_annotation(
-                x=(x0 + x1) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                x=(x0 + x1) / 2, y=1.0, xref="x", yref="y domain", yanchor="top", showarrow=False,
                 text=str(b["phase"]), font=dict(size=11, color=PHASE_SOLID.get(str(b["phase"]), "#555")),
             )
 

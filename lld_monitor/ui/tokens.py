@@ -157,7 +157,7 @@ def legend_html(color_by: str, scale: float = 1.0) -> str:
         stops = [(-scale, _delta_color(-scale, scale)), (0.0, _delta_color(0.0, scale)), (scale, _delta_color(scale, scale))]
         chips = "".join(f"<span style='background:{c};padding:0 6px;margin-right:4px;'>Δ {v:+.2f}</span>" for v, c in stops)
     else:
-        chips = "".join(f"<span style='background:{_prob_color(p)};padding:0 6px;margin-right:4px;'>p={p:.1f}</span>"
+        chips = "".join(f"<span style='background:{_prob_color(p)};padding:0 6px;margin-right:4px;'>p={p:.2f}</span>"
                         for p in (0.0, 0.25, 0.5, 0.75, 1.0))
     return (f"<div style='font-size:12px;'>{chips}<span style='color:#8a8a8a;background:#eee;font-style:italic;"
             f"padding:0 6px;margin-right:4px;'>tool (unscored)</span><span style='outline:2px solid #2ca02c;"

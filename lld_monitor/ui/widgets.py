@@ -245,7 +245,7 @@ def require_run(ctx: Context) -> bool:
 def status_line(ov: q.RunOverview) -> None:
     """live / finished / crashed, steps and time since the last step."""
     st_ = ov.status
-    label = {"running": "🟢 live", "finished": "⚪ finished", "crashed": "🔴 crashed"}.get(st_, st_)
+    label = {"running": "live", "finished": "finished", "crashed": "crashed"}.get(st_, st_)
     c = st.columns(4)
     c[0].metric("Status", label)
     c[1].metric("Steps logged", ov.n_steps)
@@ -268,5 +268,5 @@ TOKEN_PAGE = Path(__file__).resolve().parents[2] / "pages" / "token_inspector.py
 
 def token_link(run_id: str, step: int, sample_idx: int, rank: int, label: str) -> None:
     """A link into the token inspector at (run, step, sample, rank) via query parameters."""
-    st.page_link(str(TOKEN_PAGE), label=label, icon="🔍",
+    st.page_link(str(TOKEN_PAGE), label=label, icon=":material/text_fields:",
                  query_params={"run": run_id, "step": str(int(step)), "sample": str(int(sample_idx)), "rank": str(int(rank))})

@@ -1,0 +1,97 @@
+"""Load dashboard pages in headless Chromium (Playwright driving /usr/bin/chromium) and check they rendered.
+
+Used by tests/test_browser_dashboard.py and bench/dashboard_queries.py. Never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+    "--no-first-run", "--disable-component-update", "--disable-sync",
+]
+PAGES = {"live": "", "compare": "compare", "tokens": "tokens", "postmortem": "postmortem"}
+APP_IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+CHART = '[data-testid="stPlotlyChart"] .main-svg'
+EXCEPTION = '[data-testid="stException"]'
+
+
+@dataclass
+class PageResult:
+    name: str
+    url: str
+    charts: int
+    exceptions: int
+    seconds: float
+    screenshot: str | None = None
+    texts: list[str] = field(default_factory=list)
+
+
+def launch(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
+def load_page(page, url: str, timeout_ms: int = 60_000, want_chart: bool = True) -> tuple[int, int]:
+    """Navigate, wait until the script finished and (if wanted) a Plotly chart drew its SVG."""
+    page.goto(url, wait_until="domcontentloaded", timeout=timeout_ms)
+    page.wait_for_selector(APP_IDLE, timeout=timeout_ms)
+    if want_chart:
+        page.wait_for_selector(CHART, timeout=timeout_ms)
+    page.wait_for_timeout(300)  # let late elements of the same run land
+    page.wait_for_selector(APP_IDLE, timeout=timeout_ms)
+    return page.locator('[data-testid="stPlotlyChart"]').count(), page.locator(EXCEPTION).count()
+
+
+def check_pages(base_url: str, shot_dir: str | Path | None = None, pages: dict[str, str] | None = None,
+                query: str = "", timeout_ms: int = 60_000) -> list[PageResult]:
+    from playwright.sync_api import sync_playwright
+
+    results = []
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = ctx.new_page()
+            for name, path in (pages or PAGES).items():
+                url = f"{base_url.rstrip('/')}/{path}{query}"
+                t0 = time.perf_counter()
+                charts, exc = load_page(page, url, timeout_ms)
+                dt = time.perf_counter() - t0
+                shot = None
+                if shot_dir is not None:
+                    shot = str(Path(shot_dir) / f"{name}.png")
+                    page.screenshot(path=shot, full_page=True)
+                texts = page.locator(EXCEPTION).all_inner_texts() if exc else []
+                results.append(PageResult(name, url, charts, exc, dt, shot, texts))
+        finally:
+            browser.close()
+    return results
+
+
+def time_to_first_chart(base_url: str, server_started: float, timeout_s: float = 120.0) -> float:
+    """Seconds from `server_started` (time.perf_counter() when the serve process was started) until the
+    first Plotly chart is drawn in Chromium; retries the page load until the server answers."""
+    from playwright.sync_api import Error as PwError
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            deadline = server_started + timeout_s
+            while True:
+                try:
+                    page.goto(base_url, wait_until="domcontentloaded", timeout=5_000)
+                    break
+                except PwError:
+                    if time.perf_counter() > deadline:
+                        raise
+                    time.sleep(0.1)
+            page.wait_for_selector(CHART, timeout=timeout_s * 1000)
+            return time.perf_counter() - server_started
+        finally:
+            browser.close()

@@ -1,0 +1,124 @@
+"""`lld-monitor serve`: the Streamlit dashboard on a store (localhost unless told otherwise)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HELP = "serve the dashboard (live health, compare runs, token inspector, post-mortem) on a store"
+APP = Path(__file__).resolve().parents[2] / "app.py"
+STORE_ENV = "LLD_MONITOR_DASHBOARD_STORE"  # read by lld_monitor.ui.widgets.default_store
+
+
+def default_dashboard_store() -> str:
+    """$LLD_MONITOR_STORE, else the bundled sample_runs/ (so a fresh checkout shows real runs)."""
+    env = os.environ.get("LLD_MONITOR_STORE")
+    if env:
+        return env
+    here = Path("sample_runs")
+    return str(here if here.exists() else APP.parent / "sample_runs")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default=None,
+                   help="store folder to show (default: $LLD_MONITOR_STORE, else the bundled sample_runs/)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; anything else exposes the dashboard to the network)")
+    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
+        except OSError:
+            return False
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "streamlit", "run", str(APP),
+        "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+        "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
+    ]
+
+
+def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501,
+                 quiet: bool = False) -> subprocess.Popen:
+    """Start the dashboard server as a child process (its own process group) showing `store`."""
+    if not APP.exists():
+        raise FileNotFoundError(f"the dashboard entry {APP} is missing; reinstall lld-monitor from its checkout")
+    if not is_loopback(host):
+        log.warning("binding the dashboard to %s: anyone who can reach this machine on port %d can read your runs. "
+                    "Use --host 127.0.0.1 (the default) and an SSH tunnel unless this is what you want.", host, port)
+    env = dict(os.environ)
+    env[STORE_ENV] = str(Path(store).expanduser().resolve())
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(streamlit_command(host, port), env=env, cwd=str(APP.parent), stdout=out, stderr=out,
+                            start_new_session=True)
+
+
+def wait_ready(host: str, port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> bool:
+    """Poll Streamlit's health endpoint until it answers (False on timeout or if `proc` exited)."""
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{url_host}:{port}/_stcore/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - local health check
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM the server's process group, then SIGKILL after `timeout`."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    store = args.store or default_dashboard_store()
+    if not Path(store).exists():
+        log.warning("no store at %s yet; the dashboard will say so until a run writes there", store)
+    proc = start_server(store, args.host, args.port)
+    try:
+        if wait_ready(args.host, args.port, proc=proc):
+            shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+            log.info("dashboard on http://%s:%d  (store: %s)  Ctrl-C stops it", shown, args.port, store)
+        return proc.wait()
+    except KeyboardInterrupt:
+        log.info("stopping the dashboard")
+        return 0
+    finally:
+        stop_server(proc)
