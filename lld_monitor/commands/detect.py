@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def _default_store() -> str:
-    return os.environ.get("LLD_MONITOR_STORE", "./lld_runs")
+    return os.environ.get("LLD_MONITOR_STORE") or "lld_runs"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
             for key in args.run:
                 try:
                     runs.append(reader.run(key))
-                except (KeyError, LookupError, StoreError) as e:
-                    names = ", ".join(map(str, runs_df["name"].tolist()[:20])) if len(runs_df) else "(none)"
-                    print(f"lld-monitor detect: no run {key!r} in {store} ({e}); runs: {names}", file=sys.stderr)
+                except (KeyError, StoreError) as e:
+                    print(f"lld-monitor detect: {e}; list them with `lld-monitor runs --store {store}`",
+                          file=sys.stderr)
                     return 2
         else:
             runs = runs_df.to_dict("records")

@@ -219,6 +219,8 @@ class OnlineDetector:
         if self._last_step is not None and step <= self._last_step:
             log.debug("detector: step %d ignored (not after step %d)", step, self._last_step)
             return []
+        if not any(first_present(name, signals) is not None for name in SIGNALS):
+            return []  # nothing the detector reads (e.g. a row of NaNs): not an update at all
         self._last_step = step
         self._n_updates += 1
         out: list[Alert] = []
