@@ -39,6 +39,8 @@ ANSWER_WORDS = np.array([13, 14, 22, 26, 21], dtype=np.int32)
 class SynthConfig:
     name: str = "synth-vanilla"
     mode: str = "vanilla"  # vanilla collapses; llds / llds_ma stay stable
+    source: str = "local"
+    samples: bool = True  # per-sample rows (False: step signals only, like a W&B import)
     steps: int = 200
     groups: int = 4
     group_size: int = 5
@@ -170,7 +172,7 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
     config["mode"] = cfg.mode
     if cfg.mode != "vanilla":
         config["llds"] = {"lam": 0.2, "gate": "action", "answer_weight": 0.5 if cfg.mode == "llds_ma" else None}
-    w = RunWriter.create(str(store), cfg.name, cfg.mode, config=config, model="synthetic")
+    w = RunWriter.create(str(store), cfg.name, cfg.mode, source=cfg.source, config=config, model="synthetic")
     start = np.datetime64("2026-01-01T00:00:00", "us")
     it = range(cfg.steps)
     if progress:
@@ -186,8 +188,9 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
                                   if (samples["advantage"] >= 0).any() else None]
         w.append("steps", row)
         w.append("metrics", {"step": [i, i], "key": ["custom/loss_scale", "timing/gen"], "value": [1.0, 0.1 + 0.01 * i]})
-        w.append("samples", samples)
-        if tokens is not None:
+        if cfg.samples:
+            w.append("samples", samples)
+        if tokens is not None and cfg.samples:
             w.append("tokens", tokens)
         if (i + 1) % cfg.flush_every == 0:
             w.flush()

@@ -1,0 +1,189 @@
+"""AppTest for every dashboard page: a generated store (vanilla + LLDS twin, a one-step run, an imported run
+without token data), an empty store, no store, and a path that is not a store."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.synth_store import SynthConfig, write_pair, write_run  # noqa: E402
+
+APP = str(ROOT / "app.py")
+PAGES = ["pages/live_health.py", "pages/compare_runs.py", "pages/token_inspector.py", "pages/post_mortem.py"]
+MIN_CHARTS = {"pages/live_health.py": 1, "pages/compare_runs.py": 1, "pages/token_inspector.py": 2,
+              "pages/post_mortem.py": 2}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ui_store") / "store"
+    vanilla, llds = write_pair(path, steps=90, token_every=6, flush_every=30)
+    one = write_run(path, SynthConfig(name="one-step", mode="vanilla", steps=1, seed=5, token_every=1))
+    imported = write_run(path, SynthConfig(name="wandb-import", mode="unknown", source="wandb", steps=40,
+                                           samples=False, token_every=0, seed=6))
+    return {"path": str(path), "vanilla": vanilla, "llds": llds, "one": one, "imported": imported}
+
+
+def _app(store_path: str, run_id: str | None = None, page: str | None = None, **qp) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.session_state["store_path"] = store_path
+    if run_id is not None:
+        at.session_state["run_id"] = run_id
+    for k, v in qp.items():
+        at.query_params[k] = v
+    at.run()
+    if page is not None:
+        at.switch_page(page).run()
+    return at
+
+
+def _charts(at: AppTest) -> int:
+    return len(at.get("plotly_chart"))
+
+
+def _text(at: AppTest) -> str:
+    parts = []
+    for kind in ("markdown", "caption", "info", "warning", "error", "success"):
+        parts += [str(e.value) for e in getattr(at, kind)]
+    return "\n".join(parts)
+
+
+def _assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_on_generated_store(store, page):
+    at = _app(store["path"], store["vanilla"], page)
+    _assert_clean(at)
+    assert _charts(at) >= MIN_CHARTS[page]
+    # the sidebar is on every page: store location + run picker with mode, source, status and phase
+    assert at.sidebar.text_input(key="store_path").value == store["path"]
+    picker = at.sidebar.selectbox(key="run_id")
+    assert picker.value == store["vanilla"]
+    assert any("synth-vanilla · vanilla · local · finished · " in o for o in picker.options)
+    assert any("wandb-import · unknown · wandb" in o for o in picker.options)
+
+
+def test_live_health_controls_and_status(store):
+    at = _app(store["path"], store["vanilla"])
+    _assert_clean(at)
+    assert at.slider(key="live_smoothing").value == pytest.approx(0.6)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Status"] == "finished" and metrics["Steps logged"] == "90" and metrics["Last step"] == "89"
+    at.slider(key="live_smoothing").set_value(0.0).run()
+    _assert_clean(at)
+    # the vanilla synthetic run collapses: phase badge in the sidebar says so
+    assert "collapse" in " ".join(str(m.value) for m in at.sidebar.markdown)
+
+
+def test_compare_toggle_switches_the_shown_run(store):
+    at = _app(store["path"], store["vanilla"], "pages/compare_runs.py")
+    _assert_clean(at)
+    assert at.selectbox(key="cmp_twin").value == store["llds"]  # paired by config
+    assert "same config" in at.selectbox(key="cmp_twin").format_func(store["llds"])
+    shown = lambda: next(c.value for c in at.caption if str(c.value).startswith("Showing:"))  # noqa: E731
+    assert "synth-vanilla" in shown() and "synth-llds" in shown()
+    at.segmented_control(key="cmp_show").set_value("twin").run()
+    _assert_clean(at)
+    assert "synth-llds" in shown() and "synth-vanilla" not in shown()
+    at.segmented_control(key="cmp_show").set_value("base").run()
+    assert "synth-vanilla" in shown() and "synth-llds" not in shown()
+    # differences table at chosen steps; bad input gets a message, not a crash
+    at.text_input(key="cmp_steps").set_value("10, 60, abc").run()
+    _assert_clean(at)
+    assert any("abc" in str(w.value) for w in at.warning)
+    table = at.dataframe[0].value
+    assert sorted(set(table["step"])) == [10, 60]
+
+
+def test_token_inspector_controls_and_query_params(store):
+    at = _app(store["path"], store["vanilla"], "pages/token_inspector.py")
+    _assert_clean(at)
+    assert at.select_slider(key="tok_step").value == 84  # last step with token data (every 6th)
+    for color in ("prob_new", "delta"):
+        at.radio(key="tok_color").set_value(color).run()
+        _assert_clean(at)
+    at.radio(key="tok_filter").set_value("correct").run()
+    _assert_clean(at)
+    # a post-mortem link: ?run=..&step=..&sample=..&rank=..
+    link = _app(store["path"], None, "pages/token_inspector.py", run=store["vanilla"], step="42", sample="3", rank="0")
+    _assert_clean(link)
+    assert link.select_slider(key="tok_step").value == 42
+    assert link.selectbox(key="tok_pick").value == (3, 0)
+
+
+def test_post_mortem_lists_leads_and_links(store):
+    at = _app(store["path"], store["vanilla"], "pages/post_mortem.py")
+    _assert_clean(at)
+    text = _text(at)
+    assert "First to move:" in text and "reward collapse (detector)" in text
+    assert len(at.dataframe) >= 1 and len(at.get("page_link")) >= 1
+    assert len(at.get("download_button")) == 4
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_one_step_run(store, page):
+    at = _app(store["path"], store["one"], page)
+    _assert_clean(at)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_imported_run_without_token_data(store, page):
+    at = _app(store["path"], store["imported"], page)
+    _assert_clean(at)
+    if page == "pages/token_inspector.py":
+        assert "no token data" in _text(at) and "W&B" in _text(at)
+    if page == "pages/live_health.py":
+        assert _charts(at) == 1
+
+
+@pytest.fixture
+def empty_store(tmp_path):
+    from lld_monitor.store.storedir import open_store_for_write
+
+    p = tmp_path / "empty"
+    open_store_for_write(p)
+    return str(p)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_empty_store(empty_store, page):
+    at = _app(empty_store, None, page)
+    _assert_clean(at)
+    assert "has no runs yet" in _text(at)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_store(tmp_path, page):
+    at = _app(str(tmp_path / "missing"), None, page)
+    _assert_clean(at)
+    assert "No store at" in _text(at)
+
+
+def test_not_a_store(tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "store.json").write_text("{not json")
+    plain = tmp_path / "file.txt"
+    plain.write_text("hello")
+    for p in (foreign, plain):
+        for page in PAGES:
+            at = _app(str(p), None, page)
+            _assert_clean(at)
+            assert "not an lld-monitor store" in _text(at), _text(at)
+
+
+def test_switching_store_in_the_sidebar(store, empty_store):
+    at = _app(store["path"], store["vanilla"])
+    assert _charts(at) == 1
+    at.sidebar.text_input(key="store_path").set_value(empty_store).run()
+    _assert_clean(at)
+    assert _charts(at) == 0 and "has no runs yet" in _text(at)
