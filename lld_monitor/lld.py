@@ -96,6 +96,7 @@ __all__ = [
     "ppo_clip_loss",
     "token_entropy",
     "token_logprobs",
+    "token_roles",
 ]
 
 logger = logging.getLogger(__name__)
@@ -315,14 +316,39 @@ def displacement(logp_new: Tensor, logp_old: Tensor, action_mask: Tensor) -> Dis
     )
 
 
-def _response_advantages(advantages: Tensor, b: int) -> Tensor:
+def _response_advantages(advantages: Tensor, b: int, mask: Tensor | None = None) -> Tensor:
+    """Per-response Â [B] from [B] or verl-style tiled [B, T] advantages.
+
+    verl tiles Â over the response and zeroes it on padding, so a [B, T] row is read at its first
+    action token (``mask``), or at position 0 without a mask.
+    """
     if not isinstance(advantages, Tensor):
         advantages = torch.as_tensor(advantages)
-    if advantages.dim() == 2:  # verl tiles Â over the tokens; a response's tokens share one value
-        advantages = advantages[:, 0]
+    if advantages.dim() == 2:
+        if advantages.shape[0] != b:
+            raise ValueError(f"advantages [B, T] must have B = {b} rows, got {tuple(advantages.shape)}")
+        col = torch.zeros(b, dtype=torch.long, device=advantages.device)
+        if mask is not None and mask.shape == advantages.shape:
+            col = mask.to(advantages.device).int().argmax(dim=1)  # first action token (0 if none)
+        advantages = advantages.gather(1, col.unsqueeze(1)).squeeze(1)
     if advantages.shape != (b,):
         raise ValueError(f"advantages must have shape [B] = ({b},) (or [B, T]), got {tuple(advantages.shape)}")
+    if advantages.is_floating_point() and not torch.isfinite(advantages).all():
+        raise ValueError("advantages contain NaN or inf; check the rewards and grpo_advantages() input")
     return advantages
+
+
+def token_roles(action_mask: Tensor, answer_mask: Tensor | None = None) -> Tensor:
+    """Role codes for RunLogger's ``tokens['role']`` (``schema.ROLES`` order): 0 action, 1 tool, 2 answer.
+
+    Every non-action position is 1 (tool); pass the logger's ``mask`` to mark padding separately.
+    """
+    m = _as_bool_mask("action_mask", action_mask)
+    roles = torch.where(m, torch.zeros_like(m, dtype=torch.int8), torch.ones_like(m, dtype=torch.int8))
+    if answer_mask is not None:
+        am = _as_bool_mask("answer_mask", answer_mask, m)
+        roles = torch.where(am & m, torch.full_like(roles, 2), roles)
+    return roles
 
 
 def displacement_summary(stats: DisplacementStats, advantages: Tensor) -> dict[str, float]:
@@ -334,7 +360,7 @@ def displacement_summary(stats: DisplacementStats, advantages: Tensor) -> dict[s
     Also n_preserved (responses) and n_preserved_actions.
     """
     b = stats.response_sum.shape[0]
-    adv = _response_advantages(advantages, b).to(stats.response_sum.device)
+    adv = _response_advantages(advantages, b, stats.action_idx >= 0).to(stats.response_sum.device)
     pre = (adv >= 0) & (stats.n_tokens > 0)
     n_pre = int(pre.sum().item())
     acts = stats.action_valid & pre.unsqueeze(1)
@@ -579,7 +605,7 @@ def llds_loss(
     _check_2d("logp_old", logp_old, logp)
     m = _as_bool_mask("action_mask", action_mask, logp)
     b = logp.shape[0]
-    adv = _response_advantages(advantages, b).to(logp.device)
+    adv = _response_advantages(advantages, b, m).to(logp.device)
     beta = _resolve_beta(cfg, valid_searches_mean)
     if beta is not None and answer_mask is None:
         raise ValueError("LLDS-MA (answer_weight / adaptive_beta set) needs answer_mask; build it with answer_span_mask()")

@@ -336,3 +336,36 @@ def test_llds_step_raises_likelihood_of_penalized_tokens():
     assert (up[0][mask[0]] > 1e-4).all()  # penalized tokens: likelihood pushed up
     assert torch.equal(logits.grad[1], torch.zeros(t, v))  # Â < 0 row: no gradient at all
     assert torch.equal(logits.grad[0][~mask[0]], torch.zeros(1, v))  # tool token: no gradient
+
+
+def test_verl_style_advantages_zero_off_mask():
+    # verl tiles Â over the response and zeroes it on padding; a row whose first position is not an
+    # action token must still be read at its first action token
+    new, old, mask = _fixture()
+    new2 = torch.cat([torch.full((4, 1), NAN), new], 1)
+    old2 = torch.cat([torch.full((4, 1), NAN), old], 1)
+    mask2 = torch.cat([torch.zeros(4, 1, dtype=torch.bool), mask], 1)
+    tiled = torch.cat([torch.zeros(4, 1), ADV.unsqueeze(1).expand(4, T) * mask], 1)
+    a, sa = llds_loss(new, old, ADV, mask)
+    b, sb = llds_loss(new2, old2, tiled, mask2)
+    assert a.item() == b.item() == HAND[("action", "response")] and sa == sb
+    assert displacement_summary(displacement(new2, old2, mask2), tiled) == displacement_summary(
+        displacement(new, old, mask), ADV
+    )
+
+
+def test_token_roles_by_hand():
+    from lld_monitor.lld import token_roles
+
+    _, _, mask = _fixture()
+    roles = token_roles(mask, answer_span_mask(IDS, mask, OPEN, CLOSE))
+    # 0 action, 1 tool (and padding), 2 answer
+    assert roles[0].tolist() == [0, 0, 1, 1, 0, 0, 1, 2, 2, 2, 2, 1]
+    assert roles[2].tolist() == [1] * T
+    assert roles[3].tolist() == [0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1, 1]
+
+
+def test_nan_advantages_rejected():
+    new, old, mask = _fixture()
+    with pytest.raises(ValueError, match="NaN"):
+        llds_loss(new, old, torch.tensor([1.0, NAN, 0.0, 1.0]), mask)
