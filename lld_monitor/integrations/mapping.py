@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from lld_monitor.store.schema import MODES, STEP_SIGNALS
@@ -91,10 +92,23 @@ LLD_STEP_KEY = "lld/step"  # written by wandb_export.WandbExporter
 SKIP_KEYS = frozenset({"_step"})
 
 
+_BY_KEY: dict[str, list[KeyMap]] = {}
+for _km in KEY_MAP:
+    _BY_KEY.setdefault(_km.key, []).append(_km)
+_ORDER = {id(km): i for i, km in enumerate(KEY_MAP)}
+
+
+@lru_cache(maxsize=1024)
+def _plan(keys: frozenset[str]) -> tuple[KeyMap, ...]:
+    """The candidate mappings whose key is among `keys`, in priority order (rows of a run share key sets)."""
+    cands = [km for k in keys for km in _BY_KEY.get(k, ())]
+    return tuple(sorted(cands, key=lambda km: _ORDER[id(km)]))
+
+
 def map_row(row: Row) -> dict[str, float]:
     """Step signals found in one history row (first matching candidate key per signal)."""
     out: dict[str, float] = {}
-    for km in KEY_MAP:
+    for km in _plan(frozenset(row.keys())):
         if km.signal in out:
             continue
         v = row.get(km.key)

@@ -158,33 +158,33 @@ class _Accumulator:
         m_step: list[int] = []
         m_key: list[str] = []
         m_val: list[float] = []
-        s_cols: dict[str, list[Any]] = {name: [] for name in schema.STEP_SIGNALS}
-        s_step: list[int] = []
-        s_time: list[datetime | None] = []
+        sigs: list[dict[str, float]] = []
+        s_time: list[float | None] = []
+        keys, skipped = self.keys, self.skipped
+        num = (int, float)
         for step in steps:
             row = self.pending.pop(step)
             for k, v in row.items():
-                if k == "_step":
-                    continue
-                if not _is_scalar(v):
-                    if v is not None:
-                        self.skipped.add(k)
-                    continue
-                self.keys.add(k)
-                m_step.append(step)
-                m_key.append(k)
-                m_val.append(float(v))
-            sig = mapping.map_row(row)
-            self.steps_written.add(step)
-            s_step.append(step)
+                tv = type(v)
+                if tv is float or tv is int or (isinstance(v, num) and tv is not bool):
+                    if k == "_step":
+                        continue
+                    m_step.append(step)
+                    m_key.append(k)
+                    m_val.append(v)
+                elif tv is bool:
+                    m_step.append(step)
+                    m_key.append(k)
+                    m_val.append(1.0 if v else 0.0)
+                elif v is not None:
+                    skipped.add(k)
+            keys.update(row.keys())
+            sigs.append(mapping.map_row(row))
             ts = row.get("_timestamp")
-            s_time.append(
-                datetime.fromtimestamp(float(ts), tz=timezone.utc)
-                if _is_scalar(ts) and math.isfinite(float(ts))
-                else None
-            )
-            for name in schema.STEP_SIGNALS:
-                s_cols[name].append(sig.get(name))
+            s_time.append(float(ts) if type(ts) in num and math.isfinite(ts) else None)
+        self.steps_written.update(steps)
+        keys.difference_update(skipped)
+        keys.discard("_step")
         self.metric_values += len(m_val)
         metrics = pa.table(
             {
@@ -193,12 +193,21 @@ class _Accumulator:
                 "value": pa.array(np.asarray(m_val, dtype=np.float64), pa.float64()),
             }
         )
+        present = {name for d in sigs for name in d}
+        t_us = pa.array(
+            [None if t is None else int(round(t * 1e6)) for t in s_time], pa.int64()
+        ).cast(pa.timestamp("us", tz="UTC"))
+        n = len(steps)
         steps_tbl = pa.table(
             {
-                "step": pa.array(s_step, pa.int64()),
-                "time": pa.array(s_time, pa.timestamp("us", tz="UTC")),
-                "n_samples": pa.array([None] * len(s_step), pa.int32()),
-                **{name: pa.array(s_cols[name], pa.float64()) for name in schema.STEP_SIGNALS},
+                "step": pa.array(steps, pa.int64()),
+                "time": t_us,
+                "n_samples": pa.nulls(n, pa.int32()),
+                **{
+                    name: (pa.array([d.get(name) for d in sigs], pa.float64()) if name in present
+                           else pa.nulls(n, pa.float64()))
+                    for name in schema.STEP_SIGNALS
+                },
             }
         )
         return steps_tbl, metrics

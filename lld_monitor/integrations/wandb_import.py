@@ -63,10 +63,7 @@ class RetryPolicy:
 
 def _status_code(exc: BaseException) -> int | None:
     """HTTP status carried by a wandb / requests error, looking through the exception chain."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in _chain(exc):
         for attr in ("status_code", "http_status", "code"):
             v = getattr(e, attr, None)
             if isinstance(v, int) and 100 <= v < 600:
@@ -75,15 +72,26 @@ def _status_code(exc: BaseException) -> int | None:
         v = getattr(resp, "status_code", None)
         if isinstance(v, int):
             return v
-        e = e.__cause__ or e.__context__ or getattr(e, "exc", None)
     return None
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, its causes/contexts and wandb's wrapped `.exc`, each once."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        for nxt in (getattr(e, "exc", None), e.__cause__, e.__context__):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+
+
 def _retry_after(exc: BaseException) -> float | None:
-    e: BaseException | None = exc
-    for _ in range(5):
-        if e is None:
-            break
+    for e in _chain(exc):
         resp = getattr(e, "response", None)
         headers = getattr(resp, "headers", None) or {}
         v = headers.get("Retry-After") if hasattr(headers, "get") else None
@@ -92,12 +100,12 @@ def _retry_after(exc: BaseException) -> float | None:
                 return float(v)
             except ValueError:
                 return None
-        e = e.__cause__ or e.__context__
     return None
 
 
 def is_rate_limit(exc: BaseException) -> bool:
-    return _status_code(exc) == 429 or "rate limit" in str(exc).lower() or "429" in str(exc)
+    text = str(exc).lower()
+    return _status_code(exc) == 429 or "rate limit" in text or "too many requests" in text
 
 
 def is_not_found(exc: BaseException) -> bool:
