@@ -168,26 +168,54 @@ def _entropy_from_logp(logp_all: Tensor) -> Tensor:
     return -(p * safe).sum(-1)
 
 
+# Without autograd, logits are processed in row chunks of about this many elements, so the float32
+# copy never exceeds ~64 MB even for a 150k vocabulary (with autograd the graph needs it all anyway).
+_CHUNK_ELEMS = 1 << 24
+
+
+def _logp_entropy(
+    logits: Tensor, targets: Tensor | None, temperature: float, want_entropy: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    _scaled_logits(logits, temperature)  # validates shape and temperature
+    if targets is not None and targets.shape != logits.shape[:2]:
+        raise ValueError(f"targets must be [B, T] = {tuple(logits.shape[:2])}, got {tuple(targets.shape)}")
+    b, t, v = logits.shape
+    if (torch.is_grad_enabled() and logits.requires_grad) or b * t * v <= _CHUNK_ELEMS:
+        logp_all = F.log_softmax(_scaled_logits(logits, temperature), dim=-1)
+        lp = _gather_targets(logp_all, targets) if targets is not None else None
+        return lp, (_entropy_from_logp(logp_all) if want_entropy else None)
+    flat = logits.reshape(b * t, v)
+    tflat = targets.reshape(b * t, 1) if targets is not None else None
+    rows = max(1, _CHUNK_ELEMS // max(v, 1))
+    lps, hs = [], []
+    for s in range(0, b * t, rows):
+        logp_all = F.log_softmax(_scaled_logits(flat[s : s + rows].unsqueeze(0), temperature), dim=-1)
+        if tflat is not None:
+            lps.append(_gather_targets(logp_all, tflat[s : s + rows].reshape(1, -1)).reshape(-1))
+        if want_entropy:
+            hs.append(_entropy_from_logp(logp_all).reshape(-1))
+    lp = torch.cat(lps).reshape(b, t) if tflat is not None else None
+    return lp, (torch.cat(hs).reshape(b, t) if want_entropy else None)
+
+
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
     """ln π(targets | ·) in float32 from logits [B, T, V] (any float dtype), divided by ``temperature``.
 
     ``logits[:, t]`` must already be the distribution over ``targets[:, t]`` (shift done by the caller).
     """
-    z = _scaled_logits(logits, temperature)
-    return _gather_targets(F.log_softmax(z, dim=-1), targets)
+    lp, _ = _logp_entropy(logits, targets, temperature, want_entropy=False)
+    return lp
 
 
 def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy −Σ_v p_v ln p_v (nats) per position, float32, NaN-free for −inf logits."""
-    z = _scaled_logits(logits, temperature)
-    return _entropy_from_logp(F.log_softmax(z, dim=-1))
+    _, h = _logp_entropy(logits, None, temperature, want_entropy=True)
+    return h
 
 
 def logprobs_and_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
     """Both :func:`token_logprobs` and :func:`token_entropy` from one float32 log-softmax."""
-    z = _scaled_logits(logits, temperature)
-    logp_all = F.log_softmax(z, dim=-1)
-    return _gather_targets(logp_all, targets), _entropy_from_logp(logp_all)
+    return _logp_entropy(logits, targets, temperature, want_entropy=True)
 
 
 # ---------------------------------------------------------------------------------------------

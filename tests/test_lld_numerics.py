@@ -219,3 +219,21 @@ def test_answer_beta_rules():
         answer_beta(1.0, "nope")
     with pytest.raises(ValueError, match="finite"):
         answer_beta(float("nan"))
+
+
+def test_chunked_no_grad_path_matches_full(monkeypatch):
+    import lld_monitor.lld as lld
+
+    torch.manual_seed(1)
+    logits = torch.randn(3, 7, 50).bfloat16()
+    targets = torch.randint(0, 50, (3, 7))
+    full_lp, full_h = logprobs_and_entropy(logits, targets, temperature=0.7)
+    monkeypatch.setattr(lld, "_CHUNK_ELEMS", 120)  # 2 rows of 50 per chunk -> 11 chunks
+    with torch.no_grad():
+        lp, h = logprobs_and_entropy(logits, targets, temperature=0.7)
+        assert torch.equal(token_logprobs(logits, targets, 0.7), lp) and torch.equal(token_entropy(logits, 0.7), h)
+    assert torch.allclose(lp, full_lp, atol=1e-6) and torch.allclose(h, full_h, atol=1e-6)
+    # with autograd the full graph path is used and gradients flow
+    x = logits.float().requires_grad_(True)
+    token_logprobs(x, targets).sum().backward()
+    assert torch.isfinite(x.grad).all()
