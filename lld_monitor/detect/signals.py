@@ -8,14 +8,15 @@ series never mixes two scales). A higher-priority source that shows up during wa
 lower one (its history restarts).
 
 Detector signal    candidates (priority order)
-reward             reward_mean, critic/score/mean, critic/rewards/mean, reward, rewards/mean, accuracy
+reward             reward_mean, critic/score/mean, critic/rewards/mean, reward, train/reward, rewards/mean,
+                   accuracy
 ll_correct         ll_correct_mean, actor/pos_avg_old_log_prob, ll_correct_sum
 displacement       delta_preserved_mean, delta_preserved          (our runs only; negative = fell)
 frac_displaced     frac_actions_displaced, frac_responses_displaced,
                    actor/mean_reduce_chunk / env/number_of_actions/mean (derived)
-entropy            entropy, actor/entropy_loss, actor/entropy
-grad_norm          grad_norm, actor/grad_norm
-clip_frac          clip_frac, actor/pg_clipfrac, clip_ratio/region_mean,
+entropy            entropy, actor/entropy_loss, actor/entropy, train/entropy
+grad_norm          grad_norm, actor/grad_norm, train/grad_norm
+clip_frac          clip_frac, actor/pg_clipfrac, clip_ratio/region_mean, train/clip_ratio/region_mean,
                    clip_ratio/low_mean + clip_ratio/high_mean (derived), clip_ratio
 ppo_kl             actor/ppo_kl   (verl: signed within-step likelihood change, positive = fell)
 """
@@ -83,6 +84,7 @@ SIGNAL_CANDIDATES: dict[str, tuple[Candidate, ...]] = {
         _c("critic/score/mean"),
         _c("critic/rewards/mean"),
         _c("reward"),
+        _c("train/reward"),
         _c("rewards/mean"),
         _c("accuracy"),
     ),
@@ -107,15 +109,18 @@ SIGNAL_CANDIDATES: dict[str, tuple[Candidate, ...]] = {
         _c("entropy"),
         _c("actor/entropy_loss"),
         _c("actor/entropy"),
+        _c("train/entropy"),
     ),
     "grad_norm": (
         _c("grad_norm"),
         _c("actor/grad_norm"),
+        _c("train/grad_norm"),
     ),
     "clip_frac": (
         _c("clip_frac"),
         _c("actor/pg_clipfrac"),
         _c("clip_ratio/region_mean"),
+        _c("train/clip_ratio/region_mean"),
         Candidate("clip_ratio/low_mean + clip_ratio/high_mean", _sum("clip_ratio/low_mean", "clip_ratio/high_mean")),
         _c("clip_ratio"),
     ),
@@ -125,17 +130,21 @@ SIGNAL_CANDIDATES: dict[str, tuple[Candidate, ...]] = {
 SIGNALS: tuple[str, ...] = tuple(SIGNAL_CANDIDATES)
 
 # every raw column some candidate reads (used to trim DataFrames before replay)
-KNOWN_COLUMNS: frozenset[str] = frozenset(
-    {"reward_mean", "critic/score/mean", "critic/rewards/mean", "reward", "rewards/mean", "accuracy",
-     "ll_correct_mean", "actor/pos_avg_old_log_prob", "ll_correct_sum",
-     "delta_preserved_mean", "delta_preserved",
-     "frac_actions_displaced", "frac_responses_displaced", "actor/mean_reduce_chunk", "env/number_of_actions/mean",
-     "entropy", "actor/entropy_loss", "actor/entropy",
-     "grad_norm", "actor/grad_norm",
-     "clip_frac", "actor/pg_clipfrac", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
-     "clip_ratio",
-     "actor/ppo_kl"}
-)
+def _known_columns() -> frozenset[str]:
+    probe: set[str] = set()
+
+    class _Spy(dict):
+        def get(self, key, default=None):  # noqa: ANN001
+            probe.add(key)
+            return 1.0
+
+    for cands in SIGNAL_CANDIDATES.values():
+        for cand in cands:
+            cand.get(_Spy())
+    return frozenset(probe)
+
+
+KNOWN_COLUMNS: frozenset[str] = _known_columns()
 
 
 def first_present(signal: str, sig: Mapping[str, object]) -> tuple[int, Candidate, float] | None:
