@@ -1,0 +1,165 @@
+"""`lld-monitor demo`: the sample runs plus a vanilla and an LLDS run training live, in the dashboard.
+
+A fresh demo store gets a copy of sample_runs/ (the historical runs), then two `lld-monitor train`
+subprocesses (vanilla and LLDS, same seed and config) write into it while `lld-monitor serve` shows it,
+so a newcomer sees finished runs at once and watches the vanilla run drift into the spiral live.
+Ctrl-C stops the trainers (their runs end as crashed/stopped, data up to the last flush kept) and the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lld_monitor.commands import serve
+
+log = logging.getLogger(__name__)
+
+HELP = "copy the sample runs into a fresh store, train a vanilla and an LLDS run live, and open the dashboard on it"
+SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default=None,
+                   help="demo store folder; must not exist yet or be empty (default: a fresh temporary folder)")
+    p.add_argument("--steps", type=int, default=200, help="GRPO steps of each live run (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of both live runs (default 0)")
+    p.add_argument("--modes", default="vanilla,llds", help="live runs to start, comma-separated (default vanilla,llds)")
+    p.add_argument("--no-train", action="store_true", help="only the sample runs, no live training")
+    p.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
+
+
+def prepare_store(store: str | None, samples: Path = SAMPLE_RUNS) -> Path:
+    """A fresh store folder holding a copy of the sample runs (or an empty store when there are none)."""
+    from lld_monitor.store.storedir import open_store_for_write
+
+    if store is None:
+        path = Path(tempfile.mkdtemp(prefix="lld-demo-"))
+    else:
+        path = Path(store).expanduser()
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"{path} already exists and is not empty; the demo needs a fresh folder "
+                                  "(pass another --store, or leave it out for a temporary one)")
+    if (samples / "store.json").exists():
+        shutil.copytree(samples, path, dirs_exist_ok=True)
+        n = len([d for d in (samples / "runs").iterdir() if d.is_dir()]) if (samples / "runs").is_dir() else 0
+        log.info("copied %d sample run(s) from %s", n, samples)
+    else:
+        log.warning("no sample runs at %s; the demo store starts empty", samples)
+    open_store_for_write(path)
+    return path
+
+
+def trainer_command(mode: str, store: Path, steps: int, seed: int) -> list[str]:
+    return [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--store", str(store),
+            "--steps", str(steps), "--seed", str(seed), "--run-name", f"demo-{mode}-seed{seed}", "--no-progress"]
+
+
+def _first_step_logged(store: Path) -> bool:
+    """True once any live demo run has a step row in the store."""
+    from lld_monitor.store import StoreError, open_store_reader
+
+    try:
+        with open_store_reader(store) as r:
+            runs = r.runs()
+    except StoreError:
+        return False
+    demo = runs[runs["name"].astype(str).str.startswith("demo-")]
+    return bool(len(demo)) and bool((demo["steps"] > 0).any())
+
+
+def _stop(proc: subprocess.Popen, name: str, timeout: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    log.info("stopping %s (pid %d)", name, proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not stop in %.0f s; killing it", name, timeout)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("vanilla", "llds", "llds-ma")]
+    if bad:
+        print(f"lld-monitor demo: unknown mode(s) {bad}; use vanilla, llds, llds-ma", file=sys.stderr)
+        return 2
+    try:
+        store = prepare_store(args.store)
+    except (FileExistsError, OSError) as e:
+        print(f"lld-monitor demo: {e}", file=sys.stderr)
+        return 2
+    logs = store.with_name(store.name + "-logs")
+    logs.mkdir(exist_ok=True)
+    log.info("demo store: %s (trainer logs in %s)", store, logs)
+
+    def _term(signum, frame):  # SIGTERM to the demo behaves like Ctrl-C
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _term)
+    children: list[tuple[str, subprocess.Popen]] = []
+    server = None
+    try:
+        env = dict(os.environ, LLD_MONITOR_STORE=str(store), OMP_NUM_THREADS="1")
+        pending = [] if args.no_train else list(modes)
+
+        def start_next() -> None:
+            mode = pending.pop(0)
+            out = open(logs / f"train-{mode}.log", "wb")
+            p = subprocess.Popen(trainer_command(mode, store, args.steps, args.seed), stdout=out,
+                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            out.close()
+            children.append((f"trainer {mode}", p))
+            log.info("started %s training (pid %d, %d steps)", mode, p.pid, args.steps)
+
+        if pending:
+            start_next()
+            if pending:
+                log.info("the other run(s) start once the first has logged a step (its warm start is then cached "
+                         "and shared instead of being trained twice at once)")
+        server = serve.start_server(store, args.host, args.port)
+        if not serve.wait_ready(args.host, args.port, proc=server):
+            log.error("the dashboard did not start (is port %d free? try --port)", args.port)
+            return 1
+        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        log.info("dashboard on http://%s:%d  — Ctrl-C stops the demo", shown, args.port)
+        reported: set[str] = set()
+        next_check = 0.0
+        while server.poll() is None:
+            if pending and time.monotonic() >= next_check:
+                next_check = time.monotonic() + 2.0
+                if _first_step_logged(store) or children[0][1].poll() is not None:
+                    while pending:
+                        start_next()
+            for name, p in children:
+                rc = p.poll()
+                if rc is not None and name not in reported:
+                    reported.add(name)
+                    (log.info if rc == 0 else log.warning)("%s ended with exit code %d (log: %s)", name, rc,
+                                                          logs / f"train-{name.split()[-1]}.log")
+            time.sleep(0.5)
+        log.error("the dashboard server exited (code %s)", server.returncode)
+        return 1
+    except KeyboardInterrupt:
+        log.info("Ctrl-C: stopping the demo (the store %s is kept)", store)
+        return 0
+    finally:
+        for name, p in children:
+            _stop(p, name)
+        if server is not None:
+            serve.stop_server(server)
+        signal.signal(signal.SIGTERM, old)
