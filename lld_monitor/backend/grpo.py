@@ -97,7 +97,16 @@ class Trainer:
             self.model, self.tok = load_model(cfg.model_path, "cpu")
             self.model_name = str(cfg.model_path)
         else:
-            self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
+            if self.dist.enabled:  # rank 0 trains/caches the warm start first; the others then load it
+                import torch.distributed as tdist
+
+                if self.dist.rank == 0:
+                    self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
+                tdist.barrier()
+                if self.dist.rank != 0:
+                    self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
+            else:
+                self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
             self.model_name = f"qwen2-tiny (warm start {ckpt.name})"
         if cfg.retriever_url:
             self.retriever = HTTPRetriever(cfg.retriever_url)

@@ -178,10 +178,12 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
     log.info("warm start: no cached checkpoint for key %s; training one (once)", key)
     try:
         train_warmstart(world, model_cfg, sft, env, tmp)
-        if final.exists():  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
+        try:
             os.replace(tmp, final)
+        except OSError:  # another process finished first
+            if not (final / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
