@@ -31,7 +31,7 @@ import numpy as np
 
 from .config import DetectorConfig
 from .signals import SIGNAL_CANDIDATES, SIGNALS, Candidate, first_present
-from .stats import robust_sigma, theil_sen
+from .stats import fast_median, robust_sigma, theil_sen
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +76,14 @@ class _Evidence:
 class _Track:
     """History of one detector signal (finite points only) and its source column."""
 
-    def __init__(self, maxlen: int, smooth_window: int) -> None:
+    def __init__(self, maxlen: int, smooth_window: int, track_peak: bool = False) -> None:
         self.steps: deque[int] = deque(maxlen=maxlen)
         self.values: deque[float] = deque(maxlen=maxlen)
         self.source: Candidate | None = None
         self.rank = 10**9
         self.n = 0
         self.smooth_window = smooth_window
+        self.track_peak = track_peak
         self.smooth_peak = -math.inf
         self.last_step: int | None = None
 
@@ -97,12 +98,12 @@ class _Track:
         self.values.append(value)
         self.n += 1
         self.last_step = step
-        if len(self.values) >= self.smooth_window:
+        if self.track_peak and len(self.values) >= self.smooth_window:
             self.smooth_peak = max(self.smooth_peak, self.smoothed())
 
     def smoothed(self) -> float:
         k = min(self.smooth_window, len(self.values))
-        return float(np.median(np.fromiter(list(self.values)[-k:], dtype=float, count=k)))
+        return fast_median(list(self.values)[-k:])
 
     def last(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, len(self.values))
@@ -129,7 +130,7 @@ class _RewardCollapse:
         self.window.append(r)
         if len(self.window) < self.window.maxlen:  # type: ignore[operator]
             return False
-        self.smoothed = float(np.median(np.fromiter(self.window, dtype=float)))
+        self.smoothed = fast_median(list(self.window))
         self.peak = max(self.peak, self.smoothed)
         self.below = self.peak >= self.cfg.collapse_min_peak and self.smoothed < self.cfg.collapse_frac * self.peak
         if self.below:
@@ -187,7 +188,9 @@ class OnlineDetector:
         self.cfg = cfg or DetectorConfig()
         c = self.cfg
         maxlen = int(max(c.trend_window, c.baseline_window + c.surge_window, c.displacement_window, c.smooth_window)) + 1
-        self._tracks: dict[str, _Track] = {s: _Track(maxlen, int(c.smooth_window)) for s in SIGNALS}
+        self._tracks: dict[str, _Track] = {
+            s: _Track(maxlen, int(c.smooth_window), track_peak=(s == "ll_correct")) for s in SIGNALS
+        }
         self._reward = _RewardCollapse(c)
         self._latches = {
             lvl: _Latch(int(c.enter_patience), int(c.exit_patience)) for lvl in ("stagnation", "decay", "collapse")
@@ -351,7 +354,7 @@ class OnlineDetector:
         x, y = tr.last(int(c.trend_window))
         if x.size < c.trend_min_points:
             return None
-        floor = c.sigma_floor_rel * abs(float(np.median(y)))
+        floor = c.sigma_floor_rel * abs(fast_median(y))
         t = theil_sen(x, y, sigma_floor=floor)
         drop = tr.smooth_peak - tr.smoothed() if math.isfinite(tr.smooth_peak) else 0.0
         return tr, t, drop, float(x[-1] - x[0])
@@ -365,11 +368,11 @@ class OnlineDetector:
             return None
         _, v = tr.last(int(c.baseline_window + c.surge_window))
         base, recent = v[: -int(c.surge_window)], v[-int(c.surge_window):]
-        med = float(np.median(base))
+        med = fast_median(base)
         sig = robust_sigma(base, floor=c.sigma_floor_rel * abs(med))
         level = med + max(c.spike_sigma * sig, c.spike_rel * abs(med))
         hits = int(np.sum(recent > level))
-        return hits >= c.surge_min_count, bool(recent[-1] > level), float(np.median(recent)), level, hits, med
+        return hits >= c.surge_min_count, bool(recent[-1] > level), fast_median(recent), level, hits, med
 
     def _evaluate(self, step: int, out: list[Alert]):
         c = self.cfg
@@ -399,7 +402,7 @@ class OnlineDetector:
             if t.slope < 0 and self._latches["decay"].active:
                 xs, ys = tr.last(int(c.accel_window))
                 if xs.size >= 3 and np.ptp(xs) > 0:
-                    ts = theil_sen(xs, ys, sigma_floor=c.sigma_floor_rel * abs(float(np.median(ys))))
+                    ts = theil_sen(xs, ys, sigma_floor=c.sigma_floor_rel * abs(fast_median(ys)))
                     if ts.slope < c.accel_factor * t.slope and ts.z < c.decay_z:
                         collapse_ev.append(_Evidence(
                             lab, ts.slope / t.slope, c.accel_factor,
@@ -410,7 +413,7 @@ class OnlineDetector:
         if dtr.source is not None and len(dtr.values) >= c.displacement_window:
             _, d = dtr.last(int(c.displacement_window))
             neg = float(np.mean(d < 0))
-            if neg >= c.displacement_neg_frac and float(np.median(d)) < 0:
+            if neg >= c.displacement_neg_frac and fast_median(d) < 0:
                 lab = dtr.source.label
                 decay_ev.append(_Evidence(
                     lab, neg, c.displacement_neg_frac,
