@@ -1,0 +1,98 @@
+"""Shared pieces of the benchmarks: the figure row, timing helpers and a machine description.
+
+Every figure is "ours vs a baseline measured in the same run", as medians of several repetitions,
+because these machines are noisy: absolute seconds drift between runs, ratios taken side by side do not.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+
+@dataclass
+class Figure:
+    """One row of the bench table."""
+
+    group: str  # e.g. "logging", "ingest", "queries", "end-to-end"
+    name: str  # what was measured
+    ours: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    goal: str = ""  # e.g. "ratio >= 5"
+    met: bool | None = None  # whether the goal is met, when a goal is stated
+    reps: int = 0
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        """baseline / ours: how many times cheaper (or faster) ours is; > 1 means ours wins for costs."""
+        if self.baseline is None or not self.ours:
+            return None
+        return self.baseline / self.ours
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["ratio"] = self.ratio
+        return d
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def p95(xs: list[float]) -> float:
+    s = sorted(xs)
+    return float(s[min(len(s) - 1, int(round(0.95 * (len(s) - 1))))])
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def dir_bytes(path: str | os.PathLike) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        info["memory_gib"] = round(kb / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        info["loadavg_at_start"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    return info

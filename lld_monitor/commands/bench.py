@@ -1,0 +1,26 @@
+"""`lld-monitor bench`: run the benchmark suite in bench/ (a checkout is needed: bench/ is not installed)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HELP = "run the benchmarks (ours vs baselines, medians) and print/write the table"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--only", default="", help="comma-separated groups (see `python -m bench --help`)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes")
+    p.add_argument("--out", default="bench/results", help="folder for bench.json / bench.md")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (REPO / "bench" / "__main__.py").exists():
+        print("lld-monitor bench needs a source checkout (bench/ is not part of the installed package)", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "bench", "--out", args.out] + (["--only", args.only] if args.only else [])
+    cmd += ["--quick"] if args.quick else []
+    return subprocess.call(cmd, cwd=REPO)
