@@ -167,6 +167,17 @@ def _item_key(item: Any) -> str:
     return item.key
 
 
+def _collapse_media(row: dict[str, Any]) -> None:
+    """W&B writes a media value (table, image, histogram) as nested items `<key>._type`, `<key>.path`...;
+    put them back together as one dict under `<key>`, as the online API returns them (so the importer
+    sees one non-scalar value, not a handful of numeric-looking fields such as `<key>.size`)."""
+    prefixes = [k[: -len("._type")] for k in row if k.endswith("._type")]
+    for p in prefixes:
+        head = p + "."
+        obj = {k[len(head):]: row.pop(k) for k in [k for k in row if k.startswith(head)]}
+        row[p] = obj
+
+
 def decode_value(value_json: str) -> Any:
     """Decode a W&B `value_json` (JSON with NaN / Infinity / -Infinity allowed)."""
     return json.loads(value_json)
@@ -205,6 +216,7 @@ def read_wandb_file(path: str | Path) -> WandbRunData:
                     row[_item_key(item)] = decode_value(item.value_json)
                 except ValueError:
                     out.problems.append(f"history value for {_item_key(item)!r} is not JSON; skipped")
+            _collapse_media(row)
             if "_step" not in row and rec.history.HasField("step"):
                 row["_step"] = rec.history.step.num
             out.history.append(row)
