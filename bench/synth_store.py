@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class SynthConfig:
     seed: int = 0
     config: dict = field(default_factory=lambda: {"lr": 1e-5, "group_size": 5, "model": "tiny", "seed": 0})
     write_alerts: bool = True  # run the detector offline and store its alerts (as the online detector would)
+    step_sleep: float = 0.0  # seconds between steps (a live writer for tests)
 
 
 def _curves(cfg: SynthConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -194,6 +196,8 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
             w.append("tokens", tokens)
         if (i + 1) % cfg.flush_every == 0:
             w.flush()
+        if cfg.step_sleep:
+            time.sleep(cfg.step_sleep)
     if cfg.write_alerts:
         _write_alerts(w, store)
     if cfg.finish:
@@ -231,9 +235,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("store")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--token-every", type=int, default=1)
+    ap.add_argument("--single", choices=("vanilla", "llds", "llds_ma"), default=None,
+                    help="write one run of this mode instead of a pair")
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--flush-every", type=int, default=20)
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds between steps (a live writer)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    print(write_pair(a.store, steps=a.steps, token_every=a.token_every))
+    if a.single:
+        cfg = SynthConfig(name=a.name or f"synth-{a.single}", mode=a.single, steps=a.steps, token_every=a.token_every,
+                          flush_every=a.flush_every, step_sleep=a.step_sleep, write_alerts=False)
+        print(write_run(a.store, cfg))
+    else:
+        print(write_pair(a.store, steps=a.steps, token_every=a.token_every, flush_every=a.flush_every))
     return 0
 
 
