@@ -359,5 +359,22 @@ def test_run_still_being_written_imports_its_prefix(wandb_dir, tmp_path):
         assert cfg["_lld_monitor_import"]["wandb_state"] == "running"
 
 
+def test_cli_offline_import(wandb_dir, tmp_path, capsys):
+    from lld_monitor.cli import main
+
+    store = tmp_path / "cli-store"
+    rc = main(["import-wandb", "--store", str(store), "--offline", str(wandb_dir), "--json", "--no-progress"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and not out["missing"] and not out["failed"]
+    by_name = {r["name"]: r for r in out["imported"]}
+    assert set(by_name) == set(RUNS) | {"resumed"}
+    assert by_name["verl_llds"]["mapped"]["grad_norm"] == "actor/grad_norm"
+    assert by_name["verl_llds"]["mode"] == "llds" and by_name["verl_llds"]["rows"] == 12
+    assert main(["import-wandb", "--store", str(store)]) == 2
+    assert main(["import-wandb", "--store", str(store), "--entity", "e"]) == 2
+    assert main(["import-wandb", "--store", str(store), "--offline", str(tmp_path / "nope")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
 if __name__ == "__main__":
     write_runs(sys.argv[1])
