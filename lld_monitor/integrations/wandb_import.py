@@ -375,3 +375,27 @@ def import_offline(
         out.append(res)
         log.info("imported %s (%d rows, %.0f rows/s) as %s", data.path, res.rows, res.rows_per_s, res.run_id)
     return out
+
+
+def results_frame(results: list[ImportResult]) -> "Any":
+    """One row per imported run, for the dashboard page and the CLI (pandas DataFrame)."""
+    import pandas as pd  # noqa: PLC0415
+
+    return pd.DataFrame(
+        [
+            {
+                "run_id": r.run_id,
+                "name": r.name,
+                "mode": r.mode,
+                "mode from": r.mode_reason,
+                "W&B state": r.status,
+                "rows": r.rows,
+                "steps": r.steps,
+                "values": r.metric_values,
+                "rows/s": round(r.rows_per_s),
+                "mapped signals": ", ".join(f"{k}←{v}" for k, v in sorted(r.mapped.items())),
+                "problems": "; ".join(r.problems),
+            }
+            for r in results
+        ]
+    )
