@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,7 +176,9 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
     if cfg.mode != "vanilla":
         config["llds"] = {"lam": 0.2, "gate": "action", "answer_weight": 0.5 if cfg.mode == "llds_ma" else None}
     w = RunWriter.create(str(store), cfg.name, cfg.mode, source=cfg.source, config=config, model="synthetic")
-    start = np.datetime64("2026-01-01T00:00:00", "us")
+    # step times: wall clock for a live writer, else one second apart ending now
+    now = np.datetime64(datetime.now(timezone.utc).replace(tzinfo=None), "us")
+    start = now - np.timedelta64(cfg.steps * 1_000_000, "us")
     it = range(cfg.steps)
     if progress:
         from tqdm import tqdm
@@ -183,7 +186,9 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
         it = tqdm(it, desc=f"writing {cfg.name}", unit="step")
     for i in it:
         samples, tokens = _step_rows(cfg, curves, i, rng)
-        row = {"step": [i], "time": [start + np.timedelta64(i * 1_000_000, "us")], "n_samples": [len(samples["reward"])]}
+        t = (np.datetime64(datetime.now(timezone.utc).replace(tzinfo=None), "us") if cfg.step_sleep
+             else start + np.timedelta64(i * 1_000_000, "us"))
+        row = {"step": [i], "time": [t], "n_samples": [len(samples["reward"])]}
         row.update({k: [float(v[i])] for k, v in curves.items()})
         row["reward_std"] = [float(np.std(samples["reward"]))]
         row["delta_preserved"] = [float(np.mean(samples["delta_sum"][samples["advantage"] >= 0]))

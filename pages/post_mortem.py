@@ -39,7 +39,8 @@ if widgets.require_run(ctx):
         lead_txt = "" if first["lead_steps"] is None or str(first["lead_steps"]) == "<NA>" else \
             f", {int(first['lead_steps'])} steps before the reference"
         st.markdown(f"First to move: **{first['signal']}** at step **{int(first['first_alert_step'])}**{lead_txt}.")
-        widgets.plotly(figures.lead_figure(pm.leads), key="pm_leads")
+        if pm.leads["lead_steps"].notna().any():
+            widgets.plotly(figures.lead_figure(pm.leads), key="pm_leads")
         st.dataframe(pm.leads, hide_index=True, width="stretch")
 
     st.subheader("Top displaced samples per phase")

@@ -199,3 +199,20 @@ def test_serve_loopback_detection_and_warning(caplog):
     proc = serve.start_server("/nonexistent-store", "0.0.0.0", 1, quiet=True)  # port 1: fails fast, unprivileged
     serve.stop_server(proc, timeout=5)
     assert any("0.0.0.0" in r.getMessage() and "anyone" in r.getMessage() for r in caplog.records)
+
+
+def test_tracker_feeds_only_new_steps_and_matches_a_full_replay():
+    n = 160
+    x = np.arange(n) / n
+    df = pd.DataFrame({"step": np.arange(n), "reward_mean": np.clip(0.5 - 1.8 * np.clip(x - 0.7, 0, 1), 0, 1),
+                       "ll_correct_mean": -0.3 - 3 * np.clip(x - 0.3, 0, 1) ** 2, "entropy": 1 + 5 * np.clip(x - 0.6, 0, 1),
+                       "grad_norm": 0.5 + 10 * np.clip(x - 0.6, 0, 1)})
+    tr = phases.DetectionTracker()
+    for end in (10, 11, 80, 80, n):  # growing prefixes, one repeated (a refresh with nothing new)
+        inc = tr.update(df.iloc[:end])
+    full = phases.detect(df)
+    assert inc.phase == full.phase and inc.collapse_step == full.collapse_step
+    assert inc.alerts.equals(full.alerts) and inc.phase_by_step.equals(full.phase_by_step)
+    # a shorter table (re-import) resets instead of mixing histories
+    again = tr.update(df.iloc[:50])
+    assert again.phase_by_step.equals(phases.detect(df.iloc[:50]).phase_by_step)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,33 +63,59 @@ class Detection:
 def detect(signals: pd.DataFrame) -> Detection:
     """Replay `lld_monitor.detect.OnlineDetector` over a run's signals (what `detect_run` does), recording the
     phase after every step; never raises (the error text is returned)."""
-    if signals is None or signals.empty:
-        return Detection(error="no steps yet")
-    try:
-        from lld_monitor.detect import OnlineDetector, iter_signal_rows
-    except ImportError as exc:  # detector room not installed in this checkout
-        return Detection(error=f"detector unavailable ({exc})")
-    # the replay would re-log every alert of the run on each refresh; the dashboard shows them instead
-    logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)
-    try:
-        det = OnlineDetector()
-        steps, phases = [], []
-        for step, row in iter_signal_rows(signals):
-            det.update(step, row)
-            steps.append(step)
-            phases.append(det.phase)
-        res = det.result()
-    except Exception as exc:  # a detector bug must not take the page down
-        log.exception("detector failed")
-        return Detection(error=f"detector failed: {exc}")
-    starts = {str(k): int(v) for k, v in (res.phase_starts or {}).items() if v is not None}
-    return Detection(
-        phase=res.phase,
-        phase_starts=starts,
-        collapse_step=None if res.collapse_step is None else int(res.collapse_step),
-        alerts=_alerts_frame(res.alerts),
-        phase_by_step=pd.DataFrame({"step": np.asarray(steps, dtype="int64"), "phase": phases}),
-    )
+    return DetectionTracker().update(signals)
+
+
+class DetectionTracker:
+    """The detector kept warm for one live run: each `update(signals)` feeds only the steps after the last one
+    it saw (the detector is online), so a refresh costs O(new steps), not a replay of the whole run.
+    Thread-safe; resets itself when the run's rows no longer extend what it saw (e.g. a re-import)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._det = None
+        self._steps: list[int] = []
+        self._phases: list[str] = []
+        self._first: int | None = None
+        self._rows = 0
+        self._error: str | None = None
+
+    def update(self, signals: pd.DataFrame) -> Detection:
+        if signals is None or signals.empty:
+            return Detection(error="no steps yet")
+        try:
+            from lld_monitor.detect import OnlineDetector, iter_signal_rows
+        except ImportError as exc:
+            return Detection(error=f"detector unavailable ({exc})")
+        logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)
+        with self._lock:
+            first = int(signals["step"].min())
+            if self._det is None or first != self._first or len(signals) < self._rows:
+                self._reset()
+                self._det = OnlineDetector()
+                self._first = first
+            new = signals if not self._steps else signals[signals["step"] > self._steps[-1]]
+            try:
+                for step, row in iter_signal_rows(new):
+                    self._det.update(step, row)
+                    self._steps.append(step)
+                    self._phases.append(self._det.phase)
+            except Exception as exc:  # a detector bug must not take the page down
+                log.exception("detector failed")
+                self._reset()
+                return Detection(error=f"detector failed: {exc}")
+            self._rows = len(signals)
+            res = self._det.result()
+            return Detection(
+                phase=res.phase,
+                phase_starts={str(k): int(v) for k, v in (res.phase_starts or {}).items() if v is not None},
+                collapse_step=None if res.collapse_step is None else int(res.collapse_step),
+                alerts=_alerts_frame(res.alerts),
+                phase_by_step=pd.DataFrame({"step": np.asarray(self._steps, dtype="int64"), "phase": list(self._phases)}),
+            )
 
 
 def bands_from_series(phase_by_step: pd.DataFrame) -> pd.DataFrame:

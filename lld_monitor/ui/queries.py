@@ -69,12 +69,16 @@ def _as_utc(ts) -> datetime | None:
     return t.to_pydatetime()
 
 
-def run_overview(reader, run_id: str, now: datetime | None = None) -> RunOverview:
-    """The run row, its signals, detector result (phases, alerts) and live status."""
+def run_overview(reader, run_id: str, now: datetime | None = None,
+                 tracker: ph.DetectionTracker | None = None) -> RunOverview:
+    """The run row, its signals, detector result (phases, alerts) and live status.
+
+    `tracker`: a DetectionTracker kept for this run between refreshes (only new steps are fed to the
+    detector); None replays the whole run."""
     run = dict(reader.run(run_id))
     signals = reader.signals(run_id)
     stored = reader.alerts(run_id)
-    detection = ph.detect(signals)
+    detection = (tracker or ph.DetectionTracker()).update(signals)
     alerts = ph.merge_alerts(stored, detection.alerts)
     notes = []
     if detection.error:
@@ -95,9 +99,9 @@ def run_overview(reader, run_id: str, now: datetime | None = None) -> RunOvervie
                        seconds_since_last_step=since, notes=notes)
 
 
-def run_phase(reader, run_id: str) -> str | None:
+def run_phase(reader, run_id: str, tracker: ph.DetectionTracker | None = None) -> str | None:
     """The run's current phase (detector on its signals), None when it has no steps."""
-    return ph.detect(reader.signals(run_id)).phase
+    return (tracker or ph.DetectionTracker()).update(reader.signals(run_id)).phase
 
 
 def humanize_seconds(s: float | None) -> str:
@@ -226,8 +230,8 @@ class PostMortem:
     top: pd.DataFrame
 
 
-def post_mortem(reader, run_id: str, k: int = 5) -> PostMortem:
-    ov = run_overview(reader, run_id)
+def post_mortem(reader, run_id: str, k: int = 5, tracker: ph.DetectionTracker | None = None) -> PostMortem:
+    ov = run_overview(reader, run_id, tracker=tracker)
     ref = ov.detection.collapse_step
     kind = "reward collapse (detector)" if ref is not None else "none"
     leads = ph.lead_table(ov.alerts, ref)

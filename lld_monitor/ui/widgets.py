@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from lld_monitor.ui import phases as ph
 from lld_monitor.ui import queries as q
 
 log = logging.getLogger(__name__)
@@ -102,14 +103,20 @@ def run_version(runs: pd.DataFrame, run_id: str) -> tuple:
     return (run_id, str(r.get("status")), str(r.get("steps")), str(r.get("last_step")), str(r.get("updated_at")))
 
 
+@st.cache_resource(max_entries=256, show_spinner=False)
+def tracker(path: str, run_id: str) -> ph.DetectionTracker:
+    """The warm detector of one run (shared by sessions): a refresh feeds it only the new steps."""
+    return ph.DetectionTracker()
+
+
 @st.cache_data(max_entries=64, show_spinner=False)
 def cached_overview(path: str, run_id: str, version: tuple) -> q.RunOverview:
-    return with_reader(path, q.run_overview, run_id)
+    return with_reader(path, q.run_overview, run_id, tracker=tracker(path, run_id))
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def cached_phase(path: str, run_id: str, version: tuple) -> str | None:
-    return with_reader(path, q.run_phase, run_id)
+    return with_reader(path, q.run_phase, run_id, tracker=tracker(path, run_id))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -134,7 +141,7 @@ def cached_token_view(path: str, run_id: str, step, sample_idx, rank, which: str
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def cached_post_mortem(path: str, run_id: str, k: int, version: tuple) -> q.PostMortem:
-    return with_reader(path, q.post_mortem, run_id, k)
+    return with_reader(path, q.post_mortem, run_id, k, tracker=tracker(path, run_id))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -217,8 +224,8 @@ def sidebar() -> Context:
         cols[0].badge(str(run.get("status")), color=STATUS_BADGE.get(str(run.get("status")), "gray"))
         phase = phases.get(ctx.run_id)
         cols[1].badge(phase or "no phase", color=PHASE_BADGE.get(phase or "", "gray"))
-        sb.caption(f"mode **{run.get('mode')}** · source **{run.get('source')}** · "
-                   f"{run.get('steps', 0)} steps · {len(ids)} run(s) in store")
+        steps = "" if run.get("status") == "running" else f"{run.get('steps', 0)} steps · "  # live count: on the page
+        sb.caption(f"mode **{run.get('mode')}** · source **{run.get('source')}** · {steps}{len(ids)} run(s) in store")
     st.session_state["lld_ctx"] = ctx
     return ctx
 

@@ -1,0 +1,146 @@
+"""Real browser: `lld-monitor serve` on a free port, every page loaded in headless Chromium (Playwright driving
+/usr/bin/chromium), charts present, no Streamlit exception box, screenshots saved; the live page refreshes
+itself while a writer appends steps."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import browser_check as bc  # noqa: E402
+from bench.synth_store import write_pair  # noqa: E402
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(bc.CHROMIUM).exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"),
+]
+MIN_CHARTS = {"live": 1, "compare": 1, "tokens": 2, "postmortem": 1}  # default run: the live one (no collapse yet)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    store = tmp_path_factory.mktemp("browser") / "store"
+    write_pair(store, steps=60, token_every=5, flush_every=30)
+    writer = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "synth_store.py"), str(store), "--single", "vanilla", "--name", "live-run",
+         "--steps", "400", "--flush-every", "1", "--step-sleep", "0.3", "--token-every", "10"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    port = _free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "serve", "--store", str(store), "--port", str(port)],
+                             cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    from lld_monitor.commands.serve import wait_ready
+
+    try:
+        assert wait_ready("127.0.0.1", port, timeout=90, proc=serve), "lld-monitor serve did not come up"
+        yield {"url": f"http://127.0.0.1:{port}", "port": port, "serve": serve, "store": store}
+    finally:
+        writer.kill()
+        writer.wait()
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGINT)  # what Ctrl-C does
+            try:
+                serve.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait()
+
+
+@pytest.mark.timeout(300)
+def test_every_page_renders_in_chromium(served, tmp_path):
+    results = bc.check_pages(served["url"], tmp_path)
+    assert [r.name for r in results] == list(bc.PAGES)
+    for r in results:
+        assert r.exceptions == 0, (r.name, r.texts)
+        assert r.charts >= MIN_CHARTS[r.name], (r.name, r.charts)
+        assert Path(r.screenshot).stat().st_size > 20_000, r.screenshot  # a real rendering, not a blank page
+
+
+def _steps_logged(page) -> int:
+    metric = page.locator('[data-testid="stMetric"]').filter(has_text="Steps logged")
+    text = metric.locator('[data-testid="stMetricValue"]').inner_text()
+    return int(re.sub(r"\D", "", text))
+
+
+@pytest.mark.timeout(300)
+def test_live_page_refreshes_itself_and_links_open_the_token_inspector(served, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = bc.launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            bc.load_page(page, served["url"] + "/?run=" + _live_run_id(served["store"]))
+            assert page.locator('[data-testid="stMetric"]').filter(has_text="live").count() == 1
+            first = _steps_logged(page)
+            counts = [first]
+            for _ in range(10):  # no reload: the fragment's run_every timer redraws the page
+                page.wait_for_timeout(1500)
+                counts.append(_steps_logged(page))
+                if counts[-1] >= first + 3:
+                    break
+            assert counts[-1] > first, counts
+            assert page.locator(bc.EXCEPTION).count() == 0
+            page.screenshot(path=str(tmp_path / "live-running.png"))
+            # post-mortem -> top displaced sample link -> token inspector at that step
+            bc.load_page(page, served["url"] + "/postmortem?run=" + _pair_run_id(served["store"], "synth-vanilla"))
+            link = page.locator('[data-testid="stPageLink-NavLink"]').first
+            href = link.get_attribute("href") or ""
+            assert "step=" in href and "sample=" in href, href
+            link.click()
+            page.wait_for_selector(bc.APP_IDLE)
+            page.wait_for_selector(bc.CHART)
+            page.wait_for_timeout(500)
+            assert "Token inspector" in page.locator("h1").first.inner_text()
+            assert page.locator(".lld-tokens").count() == 1 and page.locator(bc.EXCEPTION).count() == 0
+        finally:
+            browser.close()
+
+
+def _run_ids(store: Path) -> dict[str, str]:
+    from lld_monitor.store import open_store_reader
+
+    with open_store_reader(store) as r:
+        runs = r.runs()
+    return dict(zip(runs["name"], runs["run_id"]))
+
+
+def _live_run_id(store: Path) -> str:
+    return _run_ids(store)["live-run"]
+
+
+def _pair_run_id(store: Path, name: str) -> str:
+    return _run_ids(store)[name]
+
+
+def test_ctrl_c_stops_serve_and_its_server(served):
+    # runs last in this module: SIGINT to `lld-monitor serve` (as Ctrl-C) stops Streamlit and frees the port
+    serve = served["serve"]
+    os.killpg(serve.pid, signal.SIGINT)
+    assert serve.wait(20) == 0
+    deadline = time.monotonic() + 10
+    while _port_open(served["port"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _port_open(served["port"])
