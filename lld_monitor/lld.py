@@ -379,30 +379,56 @@ def token_roles(action_mask: Tensor, answer_mask: Tensor | None = None) -> Tenso
     return roles
 
 
-def displacement_summary(stats: DisplacementStats, advantages: Tensor) -> dict[str, float]:
+def displacement_summary(
+    stats: DisplacementStats, advantages: Tensor, correct: Tensor | None = None
+) -> dict[str, float]:
     """Batch aggregates over the preserved responses (Â ≥ 0 with ≥ 1 action token).
 
     delta_preserved: mean of response_sum; delta_preserved_mean: mean of response_mean;
     frac_responses_displaced: fraction with response_sum < 0; frac_actions_displaced: fraction of
     their actions with action_sum < 0. NaN where there is nothing to average (never a fake 0).
     Also n_preserved (responses) and n_preserved_actions.
+
+    With ``correct`` [B] bool (reward > 0), also the paper's Eq. 3 probe over correct responses
+    (with ≥ 1 action token): delta_correct (mean Σ Δ), delta_correct_mean, frac_correct_displaced,
+    n_correct.
     """
     b = stats.response_sum.shape[0]
-    adv = _response_advantages(advantages, b, stats.action_idx >= 0).to(stats.response_sum.device)
-    pre = (adv >= 0) & (stats.n_tokens > 0)
+    dev = stats.response_sum.device
+    adv = _response_advantages(advantages, b, stats.action_idx >= 0).to(dev)
+    has_tok = stats.n_tokens > 0
+    pre = (adv >= 0) & has_tok
     n_pre = int(pre.sum().item())
     acts = stats.action_valid & pre.unsqueeze(1)
     n_act = int(acts.sum().item())
     nan = float("nan")
+
+    def mean_of(x: Tensor, sel: Tensor, n: int) -> float:
+        return float(x[sel].double().mean()) if n else nan
+
     with torch.no_grad():
         out = {
-            "delta_preserved": float(stats.response_sum[pre].double().mean()) if n_pre else nan,
-            "delta_preserved_mean": float(stats.response_mean[pre].double().mean()) if n_pre else nan,
-            "frac_actions_displaced": float((stats.action_sum < 0)[acts].double().mean()) if n_act else nan,
-            "frac_responses_displaced": float((stats.response_sum < 0)[pre].double().mean()) if n_pre else nan,
+            "delta_preserved": mean_of(stats.response_sum, pre, n_pre),
+            "delta_preserved_mean": mean_of(stats.response_mean, pre, n_pre),
+            "frac_actions_displaced": mean_of((stats.action_sum < 0).float(), acts, n_act),
+            "frac_responses_displaced": mean_of((stats.response_sum < 0).float(), pre, n_pre),
             "n_preserved": float(n_pre),
             "n_preserved_actions": float(n_act),
         }
+        if correct is not None:
+            c = torch.as_tensor(correct, device=dev)
+            if c.shape != (b,):
+                raise ValueError(f"correct must have shape [B] = ({b},), got {tuple(c.shape)}")
+            sel = c.bool() & has_tok
+            n_c = int(sel.sum().item())
+            out.update(
+                {
+                    "delta_correct": mean_of(stats.response_sum, sel, n_c),
+                    "delta_correct_mean": mean_of(stats.response_mean, sel, n_c),
+                    "frac_correct_displaced": mean_of((stats.response_sum < 0).float(), sel, n_c),
+                    "n_correct": float(n_c),
+                }
+            )
     return out
 
 

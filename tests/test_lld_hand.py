@@ -369,3 +369,15 @@ def test_nan_advantages_rejected():
     new, old, mask = _fixture()
     with pytest.raises(ValueError, match="NaN"):
         llds_loss(new, old, torch.tensor([1.0, NAN, 0.0, 1.0]), mask)
+
+
+def test_displacement_summary_correct_probe_by_hand():
+    new, old, mask = _fixture()
+    # correct = rows 0 and 2; row 2 has no action token -> only row 0 (Σ Δ = −0.5, mean −0.0625)
+    out = displacement_summary(displacement(new, old, mask), ADV, correct=torch.tensor([True, False, True, False]))
+    assert out["n_correct"] == 1
+    assert out["delta_correct"] == -0.5 and out["delta_correct_mean"] == -0.0625
+    assert out["frac_correct_displaced"] == 1.0
+    assert out["delta_preserved"] == 0.125  # unchanged by the extra argument
+    none = displacement_summary(displacement(new, old, mask), ADV, correct=torch.zeros(4, dtype=torch.bool))
+    assert math.isnan(none["delta_correct"]) and none["n_correct"] == 0
