@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from .store import RunWriter, WriterConfig, schema
 
@@ -43,6 +44,7 @@ SAMPLE_COLUMNS = tuple(n for n in schema.SAMPLES.names if n not in ("run_id", "s
 REQUIRED_SAMPLE_COLUMNS = ("reward", "advantage", "group_id")
 TOKEN_COLUMNS = ("token_id", "mask", "role", "action_idx", "logp_old", "logp_new", "logp_ref", "entropy")
 TOOL_ROLE = schema.ROLES.index("tool")
+_ROLES_ARROW = pa.array(list(schema.ROLES), type=pa.string())
 _STOP = object()
 
 
@@ -269,12 +271,15 @@ class RunLogger:
         self.flush_every_s = flush_every_s
         self.token_every = token_every
         self.token_groups = token_groups
-        self._vocab = None if vocab is None else np.asarray(list(vocab), dtype=object)
+        self._vocab = None if vocab is None else pa.array([str(v) for v in vocab], type=pa.string())
         self._writer = RunWriter.create(
             store, run_name, mode, source=source, config=config, model=model, run_id=run_id,
             rank=rank, world_size=world_size, writer_config=writer_config,
         )
         self.run_id = self._writer.run_id
+        # first use of Arrow's compute kernels costs ~0.5 s: pay it here, not inside a step
+        _ROLES_ARROW.take(pa.array([0]))
+        pa.repeat(pa.scalar("x"), 2)
         self._detector = self._make_detector() if (detector and rank == 0) else None
         self._wandb = self._make_wandb(wandb) if (wandb is not None and wandb is not False and rank == 0) else None
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -468,26 +473,24 @@ class RunLogger:
         if r.size == 0:
             return
         role = tok["role"][r, c].astype(np.int64) if "role" in tok else np.zeros(r.size, dtype=np.int64)
-        tool = role == TOOL_ROLE
-        roles = np.asarray(schema.ROLES, dtype=object)
-        if np.any((role < 0) | (role >= len(schema.ROLES))):
+        if role.size and (role.min() < 0 or role.max() >= len(schema.ROLES)):
             raise ValueError(f"token roles must be codes 0..{len(schema.ROLES) - 1} ({schema.ROLES})")
+        tool = role == TOOL_ROLE
         tid = ids[r, c].astype(np.int64)
+        # strings via Arrow `take` (C++, no per-token Python objects: the caller thread keeps the GIL)
         cols: dict[str, Any] = {
             "step": np.full(r.size, step),
             "sample_idx": samples["sample_idx"][r].astype(np.int32),
             "position": c.astype(np.int32),
             "token_id": tid.astype(np.int32),
-            "role": roles[role].tolist(),
+            "role": _ROLES_ARROW.take(pa.array(role)),
         }
         if self._vocab is not None:
             inside = (tid >= 0) & (tid < len(self._vocab))
-            text = np.where(inside, self._vocab[np.clip(tid, 0, len(self._vocab) - 1)], None)
-            cols["token_text"] = text.tolist()
+            idx = pa.array(np.where(inside, tid, 0), mask=~inside)
+            cols["token_text"] = self._vocab.take(idx)
         if "action_idx" in tok:
             cols["action_idx"] = np.where(tool, -1, tok["action_idx"][r, c]).astype(np.int32)
-        import pyarrow as pa  # noqa: PLC0415 - already loaded by the store
-
         for k in ("logp_old", "logp_new", "logp_ref", "entropy"):
             if k in tok:
                 vals = tok[k][r, c].astype(np.float32)

@@ -35,7 +35,7 @@ def _column(name: str, value: Any, field: pa.Field, table: str) -> pa.Array | pa
 
 
 def _constant(v: Any, n: int, type_: pa.DataType) -> pa.Array:
-    return pa.nulls(n, type_) if v is None else pa.array([v] * n, type=type_)
+    return pa.nulls(n, type_) if v is None else pa.repeat(pa.scalar(v, type=type_), n)
 
 
 def to_table(
