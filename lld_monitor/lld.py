@@ -59,7 +59,7 @@ LLDS-MA β (paper App. B.2.1 vs official code)
 In the official code the answer-span coefficient is ``min(mask_weight, λ)`` with
 ``mask_weight = answer_no_reduce_lambda · max(V − 1, 0)``; that is β = min(ω·max(V−1, 0), 1) with
 ω = answer_no_reduce_lambda / λ. Passing both ``answer_weight=ω`` and ``adaptive_beta`` gives
-β = min(ω · ramp(V), 1) (ω defaults to 1).
+β = min(ω · ramp(V), 1) with the uncapped ramp V/V_B or max(V − (V_B − 1), 0) (ω defaults to 1).
 
 GRPO and PPO-clip (official code §4.1–4.2)
 -------------------------------------------
@@ -602,12 +602,8 @@ class LLDSConfig:
         return self.answer_weight is not None or self.adaptive_beta is not None
 
 
-def answer_beta(valid_searches_mean: float, rule: str = "paper", v_base: float = 2.0) -> float:
-    """Adaptive LLDS-MA weight β from the mean number of valid searches V.
-
-    paper (App. B.2.1): β = min(V / v_base, 1); code: β = min(max(V − (v_base − 1), 0), 1),
-    i.e. min(max(V − 1, 0), 1) for v_base = 2. Both are clipped to [0, 1].
-    """
+def _beta_ramp(valid_searches_mean: float, rule: str, v_base: float) -> float:
+    """The uncapped ramp: V / v_base (paper) or max(V − (v_base − 1), 0) (code); always ≥ 0."""
     v = float(valid_searches_mean)
     if not math.isfinite(v):
         raise ValueError(f"valid_searches_mean must be finite, got {valid_searches_mean!r}")
@@ -619,7 +615,16 @@ def answer_beta(valid_searches_mean: float, rule: str = "paper", v_base: float =
         ramp = v - (v_base - 1.0)
     else:
         raise ValueError(f"rule must be one of {BETA_RULES}, got {rule!r}")
-    return min(max(ramp, 0.0), 1.0)
+    return max(ramp, 0.0)
+
+
+def answer_beta(valid_searches_mean: float, rule: str = "paper", v_base: float = 2.0) -> float:
+    """Adaptive LLDS-MA weight β from the mean number of valid searches V.
+
+    paper (App. B.2.1): β = min(V / v_base, 1); code: β = min(max(V − (v_base − 1), 0), 1),
+    i.e. min(max(V − 1, 0), 1) for v_base = 2. Both are clipped to [0, 1].
+    """
+    return min(_beta_ramp(valid_searches_mean, rule, v_base), 1.0)
 
 
 def _resolve_beta(cfg: LLDSConfig, valid_searches_mean: float | None) -> float | None:
@@ -629,9 +634,9 @@ def _resolve_beta(cfg: LLDSConfig, valid_searches_mean: float | None) -> float |
                 f"LLDSConfig.adaptive_beta={cfg.adaptive_beta!r} needs valid_searches_mean "
                 "(the batch mean of valid searches per response)"
             )
-        ramp = answer_beta(valid_searches_mean, cfg.adaptive_beta, cfg.v_base)
+        # β = min(ω · ramp(V), 1) with the uncapped ramp, exactly the code's min(ω·λ·max(V−1, 0), λ)/λ
         omega = 1.0 if cfg.answer_weight is None else float(cfg.answer_weight)
-        return min(omega * ramp, 1.0)
+        return min(omega * _beta_ramp(valid_searches_mean, cfg.adaptive_beta, cfg.v_base), 1.0)
     return None if cfg.answer_weight is None else float(cfg.answer_weight)
 
 

@@ -237,6 +237,8 @@ def _ma_expected(beta: float) -> float:
         ({"adaptive_beta": "code"}, 1.5, 0.5),  # code: min(max(0.5, 0), 1)
         ({"adaptive_beta": "code"}, 2.5, 1.0),
         ({"adaptive_beta": "code", "answer_weight": 0.5}, 2.0, 0.5),  # code multiplier ω: min(0.5·1, 1)
+        ({"adaptive_beta": "code", "answer_weight": 0.5}, 3.0, 1.0),  # min(0.5·max(3−1, 0), 1): ramp uncapped
+        ({"adaptive_beta": "paper", "answer_weight": 0.5}, 3.0, 0.75),  # min(0.5·3/2, 1)
     ],
 )
 def test_llds_ma_by_hand(cfg_kwargs, vsm, beta):

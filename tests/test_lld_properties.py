@@ -227,3 +227,54 @@ def test_answer_span_matches_reference(b, t, seed, tags):
     got = answer_span_mask(ids, mask, open_ids, close_ids)
     for i in range(b):
         assert got[i].tolist() == _ref_span(ids[i].tolist(), mask[i].tolist(), list(open_ids), list(close_ids))
+
+
+def official_code_reference(new, old, mask, adv, answer, lam, chunk, mask_answer, answer_lambda, adaptive, v_mean):
+    """Loop re-implementation of the official dp_actor.py LLDS term as described in paper.md §4.1
+    (λ folded in): d = old − new; chunks of response_mask·[A≥0]; coeff = λ off the answer span,
+    min(mask_weight, λ) on it (mask_weight = answer_lambda, or answer_lambda·max(V−1, 0) when
+    adaptive); loss = Σ penalty / Σ response_mask."""
+    mask_weight = answer_lambda * max(v_mean - 1.0, 0.0) if adaptive else answer_lambda
+    total, denom = 0.0, int(mask.sum())
+    for i in range(new.shape[0]):
+        pos = adv[i] >= 0
+        m = [bool(x) and bool(pos) for x in mask[i].tolist()]
+        d = [(old[i, j] - new[i, j]).item() if m[j] else 0.0 for j in range(len(m))]
+        if chunk:
+            flags = [False] * len(m)
+            for run in _runs(m):
+                if sum(d[j] for j in run) > 0:
+                    for j in run:
+                        flags[j] = True
+        else:
+            s_i = sum(d[j] for j in range(len(m)) if m[j])
+            flags = [s_i > 0] * len(m)
+        for j in range(len(m)):
+            if not (m[j] and flags[j]):
+                continue
+            coeff = min(mask_weight, lam) if (mask_answer and answer[i, j]) else lam
+            total += coeff * max(0.0, d[j])
+    return total / denom if denom else 0.0
+
+
+@SETTINGS
+@given(
+    batches(),
+    st.sampled_from([0.2, 0.3]),
+    st.booleans(),
+    st.sampled_from([(False, 0.2, False), (True, 0.05, False), (True, 0.2, False), (True, 0.1, True), (True, 0.3, True)]),
+    st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.5]),
+)
+def test_token_mean_option_reproduces_official_code(batch, lam, chunk, ma, v_mean):
+    new, old, mask, adv, answer, _ = batch
+    mask_answer, answer_lambda, adaptive = ma
+    ref = official_code_reference(new, old, mask, adv, answer, lam, chunk, mask_answer, answer_lambda, adaptive, v_mean)
+    gate = "action" if chunk else "response"
+    if not mask_answer:
+        cfg = LLDSConfig(lam=lam, gate=gate, norm="token_mean")
+    elif adaptive:  # ω = answer_no_reduce_lambda / λ with the code's ramp
+        cfg = LLDSConfig(lam=lam, gate=gate, norm="token_mean", answer_weight=answer_lambda / lam, adaptive_beta="code")
+    else:  # fixed: β = min(answer_no_reduce_lambda, λ) / λ
+        cfg = LLDSConfig(lam=lam, gate=gate, norm="token_mean", answer_weight=min(answer_lambda, lam) / lam)
+    loss, _ = llds_loss(new, old, adv, mask, cfg, answer_mask=answer, valid_searches_mean=v_mean)
+    assert math.isclose(cfg.lam * loss.item(), ref, rel_tol=1e-5, abs_tol=1e-7), (cfg, loss.item(), ref)
