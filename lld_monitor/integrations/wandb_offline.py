@@ -151,7 +151,7 @@ class WandbRunData:
     entity: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)  # flat key -> decoded JSON value, has "_step"
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # only with read_wandb_file(summary=True)
     start_time: datetime | None = None
     complete: bool = False  # an exit record was read
     exit_code: int | None = None
@@ -161,7 +161,9 @@ class WandbRunData:
 
 
 def _item_key(item: Any) -> str:
-    nested = list(item.nested_key)
+    nested = item.nested_key
+    if len(nested) == 1:
+        return nested[0]
     if nested:
         return ".".join(nested)
     return item.key
@@ -179,8 +181,18 @@ def _collapse_media(row: dict[str, Any]) -> None:
 
 
 def decode_value(value_json: str) -> Any:
-    """Decode a W&B `value_json` (JSON with NaN / Infinity / -Infinity allowed)."""
-    return json.loads(value_json)
+    """Decode a W&B `value_json` (JSON with NaN / Infinity / -Infinity allowed).
+
+    Numbers (nearly every history value) take a fast path: int() / float() accept exactly the number
+    literals W&B writes, including NaN, Infinity and -Infinity; anything else goes through json.loads."""
+    try:
+        return int(value_json)
+    except ValueError:
+        pass
+    try:
+        return float(value_json)
+    except ValueError:
+        return json.loads(value_json)
 
 
 def _load_pb():
@@ -191,13 +203,17 @@ def _load_pb():
     return wandb_internal_pb2
 
 
-def read_wandb_file(path: str | Path) -> WandbRunData:
-    """Parse one `.wandb` record log. Raises NotAWandbFileError for a foreign file, FileNotFoundError if absent."""
+def read_wandb_file(path: str | Path, *, summary: bool = False) -> WandbRunData:
+    """Parse one `.wandb` record log. Raises NotAWandbFileError for a foreign file, FileNotFoundError if absent.
+
+    `summary=True` also decodes the run summary (W&B rewrites it at every logged step, so it costs about
+    as much as the history itself; the importer does not need it)."""
     path = Path(path)
     data = path.read_bytes()
     pb = _load_pb()
     out = WandbRunData(path=path)
     stats = ScanStats()
+    summary_raw: dict[str, str] = {}
     for payload in iter_record_payloads(data, stats):
         rec = pb.Record()
         try:
@@ -233,15 +249,17 @@ def read_wandb_file(path: str | Path) -> WandbRunData:
             _apply_config(out.config, r.config.update, r.config.remove, out.problems)
         elif kind == "config":
             _apply_config(out.config, rec.config.update, rec.config.remove, out.problems)
-        elif kind == "summary":
-            for item in rec.summary.update:
-                try:
-                    out.summary[_item_key(item)] = decode_value(item.value_json)
-                except ValueError:
-                    pass
+        elif kind == "summary" and summary:
+            for item in rec.summary.update:  # one per logged step: keep the text, decode the last at the end
+                summary_raw[_item_key(item)] = item.value_json
         elif kind == "exit":
             out.complete = True
             out.exit_code = int(rec.exit.exit_code)
+    for k, v in summary_raw.items():
+        try:
+            out.summary[k] = decode_value(v)
+        except ValueError:
+            pass
     out.truncated = stats.truncated
     out.problems = stats.problems + out.problems
     out.config.pop("_wandb", None)
