@@ -21,7 +21,7 @@ if widgets.require_run(ctx):
                 return
             ctx.runs = runs
         try:
-            ov = widgets.cached_overview(store, run_id, ctx.version(run_id))
+            ov = widgets.cached_overview(store, run_id, ctx.version(run_id), ctx.run)
         except widgets.StoreProblem as exc:
             st.warning(str(exc))
             return

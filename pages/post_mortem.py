@@ -11,7 +11,7 @@ st.title("Post-mortem")
 if widgets.require_run(ctx):
     k = st.number_input("Top displaced samples per phase", 1, 50, 5, key="pm_k")
     try:
-        pm = widgets.cached_post_mortem(ctx.store, ctx.run_id, int(k), ctx.version())
+        pm = widgets.cached_post_mortem(ctx.store, ctx.run_id, int(k), ctx.version(), ctx.run)
     except widgets.StoreProblem as exc:
         st.warning(str(exc))
         st.stop()

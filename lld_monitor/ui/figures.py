@@ -27,24 +27,41 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
     return fig
 
 
+def _axis_refs(fig: go.Figure, rows: int) -> list[tuple[str, str]]:
+    """(xref, yref) of column 1 of each row; a plain figure (no subplots) has ("x", "y")."""
+    if getattr(fig, "_grid_ref", None) is None:
+        return [("x", "y")]
+    refs = []
+    for r in range(1, rows + 1):
+        sp = fig.get_subplot(r, 1)
+        refs.append((sp.xaxis.plotly_name.replace("axis", ""), sp.yaxis.plotly_name.replace("axis", "")))
+    return refs
+
+
 def add_phase_bands(fig: go.Figure, bands: pd.DataFrame | None, *, rows: int = 1, label: bool = True) -> None:
-    """Shade every phase band across all subplots (shared step axis), labelled once at the top."""
+    """Shade every phase band across all subplots (shared step axis), labelled once in the top panel.
+
+    Shapes are built as plain dicts and set in one layout update: `add_vrect` per band and row re-validates
+    the whole layout each time (seconds for a few dozen bands)."""
     if bands is None or bands.empty:
         return
+    refs = _axis_refs(fig, rows)
+    shapes, notes = list(fig.layout.shapes or ()), list(fig.layout.annotations or ())
     n = len(bands)
-    for i, (_, b) in enumerate(bands.iterrows()):
+    for i, b in enumerate(bands.itertuples(index=False)):
         # a band runs from its first step up to the next band's first step (the last one to the last step)
-        x0, x1 = float(b["start"]), float(b["end"]) + (0.5 if i == n - 1 else 0.0)
+        x0, x1 = float(b.start), float(b.end) + (0.5 if i == n - 1 else 0.0)
         if i == 0:
             x0 -= 0.5
-        color = PHASE_COLORS.get(str(b["phase"]), "rgba(128,128,128,0.1)")
-        for r in range(1, rows + 1):
-            fig.add_vrect(x0=x0, x1=x1, fillcolor=color, line_width=0, layer="below", row=r, col=1)
+        color = PHASE_COLORS.get(str(b.phase), "rgba(128,128,128,0.1)")
+        for xref, yref in refs:
+            shapes.append(dict(type="rect", xref=xref, yref=f"{yref} domain", x0=x0, x1=x1, y0=0, y1=1,
+                               fillcolor=color, line=dict(width=0), layer="below"))
         if label:
-            fig.add_annotation(
-                x=(x0 + x1) / 2, y=1.0, xref="x", yref="y domain", yanchor="top", showarrow=False,
-                text=str(b["phase"]), font=dict(size=11, color=PHASE_SOLID.get(str(b["phase"]), "#555")),
-            )
+            xref, yref = refs[0]
+            notes.append(dict(x=(x0 + x1) / 2, y=1.0, xref=xref, yref=f"{yref} domain", yanchor="top", showarrow=False,
+                              text=str(b.phase), font=dict(size=11, color=PHASE_SOLID.get(str(b.phase), "#555"))))
+    fig.update_layout(shapes=shapes, annotations=notes)
 
 
 def _value_at(steps: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:

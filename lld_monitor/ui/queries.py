@@ -70,12 +70,13 @@ def _as_utc(ts) -> datetime | None:
 
 
 def run_overview(reader, run_id: str, now: datetime | None = None,
-                 tracker: ph.DetectionTracker | None = None) -> RunOverview:
+                 tracker: ph.DetectionTracker | None = None, run: dict | None = None) -> RunOverview:
     """The run row, its signals, detector result (phases, alerts) and live status.
 
     `tracker`: a DetectionTracker kept for this run between refreshes (only new steps are fed to the
-    detector); None replays the whole run."""
-    run = dict(reader.run(run_id))
+    detector); None replays the whole run. `run`: the run's row when the caller already has it (the
+    sidebar's runs table), else it is read."""
+    run = dict(run) if run is not None else dict(reader.run(run_id))
     signals = reader.signals(run_id)
     stored = reader.alerts(run_id)
     detection = (tracker or ph.DetectionTracker()).update(signals)
@@ -163,12 +164,13 @@ class TokenView:
 
 
 def token_view(reader, run_id: str, step: int | None = None, sample_idx: int | None = None, rank: int = 0,
-               which: str = "all", sort: str = "delta_asc") -> TokenView:
+               which: str = "all", sort: str = "delta_asc", steps: list[int] | None = None) -> TokenView:
     """What the token inspector shows: logged steps, the step's samples (filtered, sorted), one sample's
-    tokens and the step's token Δ per role. Defaults: the last logged step, the first sample of the sort."""
+    tokens and the step's token Δ per role. Defaults: the last logged step, the first sample of the sort.
+    `steps`: the run's token steps when the caller has them (they change only when the run grows)."""
     from lld_monitor.ui.tokens import filter_samples
 
-    steps = token_steps(reader, run_id)
+    steps = token_steps(reader, run_id) if steps is None else list(steps)
     if not steps:
         empty = pd.DataFrame()
         return TokenView([], None, empty, empty, empty)
@@ -177,8 +179,15 @@ def token_view(reader, run_id: str, step: int | None = None, sample_idx: int | N
     samples = filter_samples(step_samples(reader, run_id, step), which, sort)
     if sample_idx is None and len(samples):
         sample_idx, rank = int(samples.iloc[0]["sample_idx"]), int(samples.iloc[0]["rank"])
-    tokens = sample_tokens(reader, run_id, step, sample_idx, rank) if sample_idx is not None else pd.DataFrame()
-    return TokenView(steps, int(step), samples, tokens, step_token_deltas(reader, run_id, step))
+    step_tokens = reader.tokens(run_id, int(step))  # one read: the distribution and the sample both come from it
+    if sample_idx is not None and len(step_tokens):
+        m = (step_tokens["sample_idx"] == int(sample_idx)) & (step_tokens["rank"] == int(rank))
+        tokens = step_tokens[m].reset_index(drop=True)
+    else:
+        tokens = pd.DataFrame(columns=step_tokens.columns)
+    cols = ["role", "logp_old", "logp_new"]
+    deltas = step_tokens[cols] if len(step_tokens) else pd.DataFrame(columns=cols)
+    return TokenView(steps, int(step), samples, tokens, deltas)
 
 
 # ------------------------------------------------------------------ post-mortem
@@ -230,8 +239,9 @@ class PostMortem:
     top: pd.DataFrame
 
 
-def post_mortem(reader, run_id: str, k: int = 5, tracker: ph.DetectionTracker | None = None) -> PostMortem:
-    ov = run_overview(reader, run_id, tracker=tracker)
+def post_mortem(reader, run_id: str, k: int = 5, tracker: ph.DetectionTracker | None = None,
+                run: dict | None = None) -> PostMortem:
+    ov = run_overview(reader, run_id, tracker=tracker, run=run)
     ref = ov.detection.collapse_step
     kind = "reward collapse (detector)" if ref is not None else "none"
     leads = ph.lead_table(ov.alerts, ref)

@@ -110,8 +110,9 @@ def tracker(path: str, run_id: str) -> ph.DetectionTracker:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def cached_overview(path: str, run_id: str, version: tuple) -> q.RunOverview:
-    return with_reader(path, q.run_overview, run_id, tracker=tracker(path, run_id))
+def cached_overview(path: str, run_id: str, version: tuple, _run: dict | None = None) -> q.RunOverview:
+    """`_run` (the sidebar's row of the run; not part of the cache key, `version` is) saves a runs() scan."""
+    return with_reader(path, q.run_overview, run_id, tracker=tracker(path, run_id), run=_run)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
@@ -136,12 +137,13 @@ def cached_token_steps(path: str, run_id: str, version: tuple) -> list[int]:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def cached_token_view(path: str, run_id: str, step, sample_idx, rank, which: str, sort: str, version: tuple) -> q.TokenView:
-    return with_reader(path, q.token_view, run_id, step, sample_idx, rank, which, sort)
+    steps = cached_token_steps(path, run_id, version)
+    return with_reader(path, q.token_view, run_id, step, sample_idx, rank, which, sort, steps=steps)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def cached_post_mortem(path: str, run_id: str, k: int, version: tuple) -> q.PostMortem:
-    return with_reader(path, q.post_mortem, run_id, k, tracker=tracker(path, run_id))
+def cached_post_mortem(path: str, run_id: str, k: int, version: tuple, _run: dict | None = None) -> q.PostMortem:
+    return with_reader(path, q.post_mortem, run_id, k, tracker=tracker(path, run_id), run=_run)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -164,7 +166,9 @@ class Context:
         if self.run_id is None or self.runs.empty:
             return None
         row = self.runs[self.runs["run_id"] == self.run_id]
-        return None if row.empty else row.iloc[0].to_dict()
+        if row.empty:
+            return None
+        return {k: (None if (v is pd.NA or v is pd.NaT) else v) for k, v in row.iloc[0].to_dict().items()}
 
     def version(self, run_id: str | None = None) -> tuple:
         return run_version(self.runs, run_id or self.run_id)
