@@ -43,6 +43,7 @@ BLOCK_SIZE = 32 * 1024
 HEADER_SIZE = 7
 
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+_NAN = float("nan")
 
 
 class NotAWandbFileError(ValueError):
@@ -190,9 +191,10 @@ def decode_value(value_json: str) -> Any:
     except ValueError:
         pass
     try:
-        return float(value_json)
+        v = float(value_json)
     except ValueError:
         return json.loads(value_json)
+    return _NAN if v != v else v  # one shared NaN object, as json.loads gives (rows compare equal)
 
 
 def _load_pb():
