@@ -201,3 +201,32 @@ def test_detect_run_bad_input():
 def test_detect_imports_no_torch():
     code = "import sys, lld_monitor.detect, lld_monitor.commands.detect; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_vals = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=32),
+                  st.floats(min_value=-5, max_value=5))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 400), _vals, _vals, _vals, _vals), min_size=0, max_size=120),
+       st.integers(0, 2**16))
+def test_online_equals_offline_on_arbitrary_rows(rows, seed):
+    # arbitrary steps (unsorted, repeated), None/NaN/inf values, mixed column names
+    base = spiral(SpiralSpec(steps=120, seed=seed % 7))
+    recs = []
+    for i, (step, a, b, c, d) in enumerate(rows):
+        recs.append({"step": step, "reward_mean": a, "ll_correct_mean": b,
+                     "actor/grad_norm": c, "entropy": d if i % 3 else base.entropy.iloc[i % 120]})
+    df = pd.DataFrame(recs, columns=["step", "reward_mean", "ll_correct_mean", "actor/grad_norm", "entropy"])
+    df = pd.concat([base, df], ignore_index=True)
+    res = detect_run(df)
+    # the online order detect_run uses: sorted by step, last duplicate wins
+    prep = df.sort_values("step", kind="stable").drop_duplicates("step", keep="last")
+    det = OnlineDetector()
+    for rec in prep.to_dict("records"):
+        det.update(int(rec.pop("step")), rec)
+    assert det.alerts == res.alerts
+    assert (det.phase, det.phase_starts, det.collapse_step) == (res.phase, res.phase_starts, res.collapse_step)

@@ -39,7 +39,10 @@ class DetectorConfig:
     displacement_window: int = 20
     """Points over which persistent negative displacement (delta_preserved < 0) is judged."""
     displacement_neg_frac: float = 0.75
-    """Share of the window with delta_preserved < 0 that counts as persistent displacement."""
+    """Share of the window with delta_preserved < -displacement_eps that counts as persistent displacement."""
+    displacement_eps: float = 1e-4
+    """Dead zone: |delta| below this (nats per token) is numerical noise (e.g. a step with no gradient),
+    neither displaced nor gained."""
 
     # --- surges (phase III: entropy, grad norm, likelihood ratios) --------------------------------
     baseline_window: int = 40

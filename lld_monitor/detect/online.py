@@ -412,8 +412,8 @@ class OnlineDetector:
         dtr = self._tracks["displacement"]
         if dtr.source is not None and len(dtr.values) >= c.displacement_window:
             _, d = dtr.last(int(c.displacement_window))
-            neg = float(np.mean(d < 0))
-            if neg >= c.displacement_neg_frac and fast_median(d) < 0:
+            neg = float(np.mean(d < -c.displacement_eps))
+            if neg >= c.displacement_neg_frac and fast_median(d) < -c.displacement_eps:
                 lab = dtr.source.label
                 decay_ev.append(_Evidence(
                     lab, neg, c.displacement_neg_frac,
