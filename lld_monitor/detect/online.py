@@ -248,11 +248,8 @@ class OnlineDetector:
         conds = {"stagnation": stag_ev is not None, "decay": bool(decay_ev), "collapse": bool(collapse_ev)}
         if self.collapse_step is not None and self._reward.below:
             conds["collapse"] = True
-        transitions: list[tuple[str, bool]] = []
         for lvl, latch in self._latches.items():
-            entered, left = latch.feed(conds[lvl])
-            if entered or left:
-                transitions.append((lvl, entered))
+            latch.feed(conds[lvl])
         # 'suspected' info alerts: first update of a new run of evidence, before the latch confirms
         for lvl, evs in (("decay", decay_ev), ("collapse", collapse_ev or suspect_ev)):
             latch = self._latches[lvl]
