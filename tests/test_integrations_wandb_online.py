@@ -100,31 +100,44 @@ class FakeRuns:
             i += 1
 
 
-class ResumableRunsIter:
+class PaginatorLike:
+    """Mimics wandb.apis.paginator.Paginator.__next__: `index` is bumped BEFORE the next page is loaded,
+    so a page load that raises leaves the index one ahead."""
+
     def __init__(self, fr):
         self.fr = fr
-        self.i = 0
+        self.index = -1
+        self.next_page = 0
+        self.objects: list = []
 
     def __iter__(self):
         return self
 
+    def _load_page(self) -> bool:
+        page = self.next_page
+        if page * self.fr.per_page >= len(self.fr.runs):
+            return False
+        if page == self.fr.fail_page:
+            self.fr.fail_page = None
+            raise http_error(429)
+        self.fr.pages += 1
+        self.next_page += 1
+        self.objects += self.fr.runs[page * self.fr.per_page : (page + 1) * self.fr.per_page]
+        return True
+
     def __next__(self):
-        if self.i >= len(self.fr.runs):
-            raise StopIteration
-        if self.i % self.fr.per_page == 0:
-            page = self.i // self.fr.per_page
-            if page == self.fr.fail_page:
-                self.fr.fail_page = None
-                raise http_error(429)
-            self.fr.pages += 1
-        r = self.fr.runs[self.i]
-        self.i += 1
-        return r
+        self.index += 1
+        if len(self.objects) <= self.index:
+            if not self._load_page():
+                raise StopIteration
+            if len(self.objects) <= self.index:
+                raise StopIteration
+        return self.objects[self.index]
 
 
 class FakeRunsLazy(FakeRuns):
     def __iter__(self):
-        return ResumableRunsIter(self)
+        return PaginatorLike(self)
 
 
 class FakeApi:

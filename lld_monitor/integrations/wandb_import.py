@@ -192,6 +192,20 @@ def resilient_history(
             delay = min(policy.max_delay_s, delay * policy.factor)
 
 
+def _next_run(it: Any) -> Any:
+    """next() on a wandb Paginator that survives a failed page load: `Paginator.__next__` bumps `index`
+    before loading the next page, so a retry after an error would skip a run; put the index back."""
+    idx = getattr(it, "index", None)
+    try:
+        return next(it)
+    except StopIteration:
+        raise
+    except Exception:
+        if isinstance(idx, int):
+            it.index = idx
+        raise
+
+
 def make_api(api_key: str | None = None, timeout: int = 30) -> Any:
     """A real `wandb.Api`. Without `api_key`, the key comes from the usual W&B places."""
     try:
@@ -297,7 +311,7 @@ def import_online(
         it = iter(listing)
         while True:  # the Runs object fetches pages lazily while iterating: retry a failed page
             try:
-                runs.append(with_retries(lambda: next(it), f"runs of {path}", policy))
+                runs.append(with_retries(lambda: _next_run(it), f"runs of {path}", policy))
             except StopIteration:
                 break
     retries: list[int] = []
