@@ -87,11 +87,14 @@ def test_trl_contract():
     assert "rewards_per_func = self._calculate_rewards(" in src and "process_slice" in src
 
 
-def _fixed_batch(trainer, tokenizer, seed=1):
+def _fixed_batch(trainer, tokenizer, seed=1, answer_ids=None):
     g = torch.Generator().manual_seed(seed)
     B, P, T = 6, 5, 9
     prompt_ids = torch.randint(5, len(tokenizer), (B, P), generator=g)
     completion_ids = torch.randint(5, len(tokenizer), (B, T), generator=g)
+    if answer_ids is not None:  # rows 1 and 4 end with "<answer> x </answer>"
+        for i in (1, 4):
+            completion_ids[i, 5], completion_ids[i, 7] = answer_ids
     completion_mask = torch.ones(B, T, dtype=torch.long)
     completion_mask[0, 6:] = 0
     completion_mask[3, 4:] = 0
@@ -111,21 +114,28 @@ def _fixed_batch(trainer, tokenizer, seed=1):
     }, cur
 
 
-@pytest.mark.parametrize("cfg", [lld.LLDSConfig(lam=0.3), lld.LLDSConfig(lam=0.2, gate="response", norm="token_mean")])
+@pytest.mark.parametrize("cfg", [lld.LLDSConfig(lam=0.3), lld.LLDSConfig(lam=0.2, gate="response", norm="token_mean"),
+                                 lld.LLDSConfig(lam=0.3, answer_weight=0.1)])
 def test_llds_option_adds_exactly_the_llds_term(tokenizer, tmp_path, cfg):
     from lld_monitor.integrations.trl import LLDGRPOTrainer
 
     torch.set_num_threads(1)
+    a_open = tokenizer.convert_tokens_to_ids(["<answer>"])
+    a_close = tokenizer.convert_tokens_to_ids(["</answer>"])
     trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
-                             train_dataset=dataset(), processing_class=tokenizer, llds=cfg)
+                             train_dataset=dataset(), processing_class=tokenizer, llds=cfg,
+                             answer_open_ids=a_open, answer_close_ids=a_close)
     trainer.model.train()
     # set by Trainer.train() before the first loss; a fixed batch outside train() needs it too
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
-    inputs, cur = _fixed_batch(trainer, tokenizer)
+    inputs, cur = _fixed_batch(trainer, tokenizer, answer_ids=(a_open[0], a_close[0]))
     plain = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
     with_llds = trainer._compute_loss(trainer.model, inputs)
     mask = inputs["completion_mask"].bool()
-    term, st = lld.llds_loss(cur, inputs["old_per_token_logps"], inputs["advantages"], mask, cfg)
+    answer = lld.answer_span_mask(inputs["completion_ids"], mask, a_open, a_close)
+    assert int(answer.sum()) > 0
+    term, st = lld.llds_loss(cur, inputs["old_per_token_logps"], inputs["advantages"], mask, cfg,
+                             answer_mask=answer if cfg.masks_answer else None)
     expected = cfg.lam * float(term) / trainer.current_gradient_accumulation_steps
     assert expected > 1e-3 and st["n_penalized_tokens"] > 0  # the term is not trivially zero
     assert float(with_llds.detach()) - float(plain.detach()) == pytest.approx(expected, rel=1e-5, abs=1e-7)
