@@ -150,8 +150,8 @@ def reader(mech: str, path: str, poll: float, done_file: str, out: str) -> None:
                     if len(st):
                         con.execute("SELECT * FROM tokens WHERE step = ? ORDER BY rank, sample_idx, position",
                                     [int(st["step"].iloc[-1])]).df()
-                    last = [len(st), con.execute("SELECT count(*) FROM samples").fetchone()[0],
-                            con.execute("SELECT count(*) FROM tokens").fetchone()[0]]
+                    last = [len(st), con.execute("SELECT count(*) FROM samples").fetchall()[0][0],
+                            con.execute("SELECT count(*) FROM tokens").fetchall()[0][0]]
                 finally:
                     con.close()
             lat.append(time.perf_counter() - t0)

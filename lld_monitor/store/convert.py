@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -95,3 +97,13 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         else:
             cols.append(pa.nulls(table.num_rows, field.type))
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+@functools.cache
+def schema_fingerprint(table: str) -> str:
+    """Short hash of a table's current column names and types; segments carry it in the manifest so a
+    reader knows when every segment has exactly the current schema (no NULL-filling needed)."""
+    from .schema import TABLES
+
+    text = ",".join(f"{f.name}:{f.type}" for f in TABLES[table])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from . import layout, liveness, migrations, schema
+from .convert import schema_fingerprint
 from .errors import RunNotFoundError, StoreError
 from .storedir import inspect_store
 
@@ -49,6 +51,7 @@ class RunState:
     updated_at: str | None
     ranks: list[int]
     files: dict[str, list[str]] = field(default_factory=dict)
+    current: dict[str, bool] = field(default_factory=dict)  # every segment has the current schema
 
 
 class StoreReader:
@@ -64,6 +67,8 @@ class StoreReader:
         self._con.execute("SET TimeZone='UTC'")
         self._lock = threading.RLock()
         self._json_cache: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+        self.cache_entries = 64
+        self._result_cache: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
         self.transient_retries = 0  # races absorbed (a segment merged away mid-query); never seen by callers
 
     # ---------------------------------------------------------------- metadata
@@ -93,6 +98,7 @@ class StoreReader:
         rec = migrations.upgrade_run_record(rec, version)
         now = layout.utcnow()
         files: dict[str, list[str]] = {t: [] for t in layout.DATA_TABLES}
+        current: dict[str, bool] = {t: True for t in layout.DATA_TABLES}
         statuses: list[str] = []
         beats: list[str] = [t for t in (rec.get("updated_at"),) if t]
         ranks: list[int] = []
@@ -109,6 +115,8 @@ class StoreReader:
             for t, segs in man.get("segments", {}).items():
                 if t in files:
                     files[t] += [str(rdir / t / s["file"]) for s in segs]
+                    fp = schema_fingerprint(t)
+                    current[t] = current[t] and all(s.get("schema") == fp for s in segs)
             st = man.get("status", "running")
             beat = man.get("heartbeat")
             if beat:
@@ -134,7 +142,7 @@ class StoreReader:
             status = rec.get("status", "finished")
             status = "finished" if status == "running" else status
         updated = max(beats, key=lambda t: layout.parse_iso(t)) if beats else None
-        return RunState(record=rec, status=status, updated_at=updated, ranks=ranks, files=files)
+        return RunState(record=rec, status=status, updated_at=updated, ranks=ranks, files=files, current=current)
 
     def _states(self) -> dict[str, RunState]:
         root = self.path / layout.RUNS_DIR
@@ -176,10 +184,27 @@ class StoreReader:
         raise StoreError(f"could not read the store at {self.path} after {self.retries} tries: {last}") from last
 
     def _run_query(self, run_id: str, table: str, sql: str, params: list | None = None) -> pd.DataFrame:
+        """`sql` reads the run's `table` as `{src}`. Results are cached per (query, segment list): a finished
+        run, or a live one between two flushes, is answered without touching DuckDB."""
+
         def go() -> pd.DataFrame:
             st = self._state(run_id)
-            self._relation(table, st.files[table]).create_view("_q", replace=True)
-            return self._con.execute(sql, params or []).df()
+            files = st.files[table]
+            key = (sql, repr(params), tuple(files))
+            hit = self._result_cache.get(key)
+            if hit is not None:
+                self._result_cache.move_to_end(key)
+                return hit.copy()
+            if files and st.current[table]:
+                # one statement straight over the segments (all have exactly the current columns)
+                df = self._con.execute(sql.format(src="read_parquet(?)"), [files, *(params or [])]).df()
+            else:
+                self._relation(table, files).create_view("_q", replace=True)
+                df = self._con.execute(sql.format(src="_q"), params or []).df()
+            self._result_cache[key] = df
+            while len(self._result_cache) > self.cache_entries:
+                self._result_cache.popitem(last=False)
+            return df.copy()
 
         return self._retry(go)
 
@@ -196,14 +221,30 @@ class StoreReader:
 
         def go() -> pd.DataFrame:
             states = self._states()
-            files = [f for s in states.values() for f in s.files["steps"]]
-            self._relation("steps", files).create_view("_q", replace=True)
-            counts = self._con.execute(
-                'SELECT run_id, count(DISTINCT step) AS steps, max(step) AS last_step FROM _q GROUP BY run_id'
-            ).fetchall()
-            return self._runs_frame(states, {r[0]: (r[1], r[2]) for r in counts})
+            return self._runs_frame(states, self._step_counts(states))
 
         return self._retry(go)
+
+    def _step_counts(self, states: dict[str, RunState]) -> dict[str, tuple[int, int]]:
+        """run_id -> (distinct steps, last step), cached per run on its steps segment list."""
+        out: dict[str, tuple[int, int]] = {}
+        for rid, st in states.items():
+            files = st.files["steps"]
+            if not files:
+                continue
+            key = ("__counts__", tuple(files))
+            hit = self._result_cache.get(key)
+            if hit is None:
+                if st.current["steps"]:
+                    row = self._con.execute("SELECT count(DISTINCT step), max(step) FROM read_parquet(?)", [files]).fetchall()[0]
+                else:
+                    self._relation("steps", files).create_view("_q", replace=True)
+                    row = self._con.execute("SELECT count(DISTINCT step), max(step) FROM _q").fetchall()[0]
+                hit = self._result_cache[key] = (int(row[0]), None if row[1] is None else int(row[1]))
+                while len(self._result_cache) > self.cache_entries:
+                    self._result_cache.popitem(last=False)
+            out[rid] = hit
+        return out
 
     def _runs_frame(self, states: dict[str, RunState], counts: dict[str, tuple[int, int]]) -> pd.DataFrame:
         rows = []
@@ -259,12 +300,12 @@ class StoreReader:
         if "step" not in cols:
             cols = ["step"] + cols
         sel = ", ".join(f'"{c}"' for c in cols)
-        return self._run_query(run_id, "steps", f"SELECT {sel} FROM _q ORDER BY step")
+        return self._run_query(run_id, "steps", f"SELECT {sel} FROM {{src}} ORDER BY step")
 
     def metrics(self, run_id: str, keys: list[str] | None = None) -> pd.DataFrame:
         if keys is None:
-            return self._run_query(run_id, "metrics", "SELECT step, key, value FROM _q ORDER BY step, key")
-        return self._run_query(run_id, "metrics", "SELECT step, key, value FROM _q WHERE list_contains(?, key) "
+            return self._run_query(run_id, "metrics", "SELECT step, key, value FROM {src} ORDER BY step, key")
+        return self._run_query(run_id, "metrics", "SELECT step, key, value FROM {src} WHERE list_contains(?, key) "
                                "ORDER BY step, key", [list(keys)])
 
     def signals(self, run_id: str) -> pd.DataFrame:
@@ -287,8 +328,8 @@ class StoreReader:
         if rank is not None:
             where.append("rank = ?")
             params.append(int(rank))
-        return self._run_query(run_id, "samples", f"SELECT * FROM _q WHERE {' AND '.join(where)} "
-                               "ORDER BY step, rank, sample_idx", params)
+        return self._run_query(run_id, "samples", "SELECT * FROM {src} WHERE " + " AND ".join(where)
+                               + " ORDER BY step, rank, sample_idx", params)
 
     def tokens(self, run_id: str, step: int, sample_idx: int | None = None, rank: int | None = None) -> pd.DataFrame:
         where, params = ["step = ?"], [int(step)]
@@ -298,15 +339,15 @@ class StoreReader:
         if rank is not None:
             where.append("rank = ?")
             params.append(int(rank))
-        return self._run_query(run_id, "tokens", f"SELECT * FROM _q WHERE {' AND '.join(where)} "
-                               "ORDER BY rank, sample_idx, position", params)
+        return self._run_query(run_id, "tokens", "SELECT * FROM {src} WHERE " + " AND ".join(where)
+                               + " ORDER BY rank, sample_idx, position", params)
 
     def token_steps(self, run_id: str) -> list[int]:
-        df = self._run_query(run_id, "tokens", "SELECT DISTINCT step FROM _q ORDER BY step")
+        df = self._run_query(run_id, "tokens", "SELECT DISTINCT step FROM {src} ORDER BY step")
         return [int(s) for s in df["step"]]
 
     def alerts(self, run_id: str) -> pd.DataFrame:
-        return self._run_query(run_id, "alerts", "SELECT * FROM _q ORDER BY step")
+        return self._run_query(run_id, "alerts", "SELECT * FROM {src} ORDER BY step")
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run read-only SQL over views runs, steps, metrics, samples, tokens, alerts (all runs). Use ? params."""
@@ -315,10 +356,7 @@ class StoreReader:
             states = self._states()
             for t in layout.DATA_TABLES:
                 self._relation(t, [f for s in states.values() for f in s.files[t]]).create_view(t, replace=True)
-            self._relation("steps", [f for s in states.values() for f in s.files["steps"]]).create_view("_q", replace=True)
-            counts = self._con.execute(
-                "SELECT run_id, count(DISTINCT step), max(step) FROM _q GROUP BY run_id").fetchall()
-            runs_df = self._runs_frame(states, {r[0]: (r[1], r[2]) for r in counts})
+            runs_df = self._runs_frame(states, self._step_counts(states))
             self._con.register("_runs_df", runs_df)
             self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_df")
             return self._con.execute(query, params or []).df()

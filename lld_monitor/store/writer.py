@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import layout, liveness, schema
-from .convert import conform, to_table
+from .convert import conform, schema_fingerprint, to_table
 from .errors import StoreError
 from .storedir import open_store_for_write
 
@@ -38,6 +38,8 @@ class WriterConfig:
     compression: str = "snappy"
     merge_row_group_rows: int = 256 * 1024  # row-group size of merged segments
     final_compaction: bool = True  # merge each table into one file per rank at finish()
+    background_compaction: bool = True  # tiered merges in a writer-side thread, not inside flush()
+    max_segments_per_table: int = 24  # above this (compactor behind), flush() compacts before returning
 
 
 def _now_iso() -> str:
@@ -65,6 +67,10 @@ class RunWriter:
         self._buffers: dict[str, list[pa.Table]] = {t: [] for t in layout.DATA_TABLES}
         self._lock = threading.RLock()
         self._finished = False
+        self._compactor: threading.Thread | None = None
+        self._compact_wake = threading.Event()
+        self._compact_stop = False
+        self._inflight: set[str] = set()  # segments the background compactor is merging now
         self.rows_written: dict[str, int] = {t: 0 for t in layout.DATA_TABLES}
 
     # ---------------------------------------------------------------- creation
@@ -189,12 +195,19 @@ class RunWriter:
         return tbl.num_rows
 
     def flush(self) -> None:
-        """Make everything appended so far visible to readers (one segment per table, one manifest write)."""
+        """Make everything appended so far visible to readers (one segment per table, one manifest write).
+
+        Compaction runs in a background thread (WriterConfig.background_compaction), so this returns
+        after writing the new segments."""
         with self._lock:
             self._check_open()
             self._flush_locked()
-            self._compact_locked(final=False)
+            behind = max(len(v) for v in self._manifest["segments"].values()) > self.cfg.max_segments_per_table
+            if not self.cfg.background_compaction or behind:
+                self._compact_locked(final=False)
             self._delete_retired_locked(force=False)
+        if self.cfg.background_compaction:
+            self._kick_compactor()
 
     def heartbeat(self) -> None:
         """Tell readers this writer is alive (RunLogger calls it every flush interval)."""
@@ -210,6 +223,7 @@ class RunWriter:
         `timeout` (seconds) bounds the wait for another thread's flush (signal handlers use it)."""
         if status not in schema.STATUSES or status == "running":
             raise StoreError(f"finish(status=...) takes 'finished' or 'crashed', not {status!r}")
+        self._stop_compactor(timeout)
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             raise StoreError(f"run {self.run_id!r}: another thread holds the writer; could not finish in {timeout} s")
         try:
@@ -273,7 +287,8 @@ class RunWriter:
             tdir.mkdir(exist_ok=True)
             fname = self._next_name(0)
             _write_parquet_atomic(tbl, tdir / fname, self.cfg.compression)
-            self._manifest["segments"][t].append({"file": fname, "level": 0, "rows": tbl.num_rows})
+            self._manifest["segments"][t].append({"file": fname, "level": 0, "rows": tbl.num_rows,
+                                                  "schema": schema_fingerprint(t)})
             self.rows_written[t] += tbl.num_rows
             self._buffers[t] = []
             wrote = True
@@ -283,10 +298,10 @@ class RunWriter:
         if wrote:
             log.debug("run %s rank %d: flushed", self.run_id, self.rank)
 
-    def _merge(self, table: str, segs: list[dict[str, Any]], level: int) -> dict[str, Any]:
+    def _merge(self, table: str, segs: list[dict[str, Any]], level: int, fname: str) -> dict[str, Any]:
+        """Stream `segs` into one new segment `fname` (needs no lock: segments are immutable)."""
         sch = schema.TABLES[table]
         tdir = self.path / table
-        fname = self._next_name(level)
         tmp = tdir / f".{fname}.tmp"
         rows = 0
         pending: list[pa.Table] = []
@@ -304,39 +319,94 @@ class RunWriter:
                 pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
                 rows += pending_rows
         os.replace(tmp, tdir / fname)
-        return {"file": fname, "level": level, "rows": rows}
+        return {"file": fname, "level": level, "rows": rows, "schema": schema_fingerprint(table)}
+
+    def _pick_job_locked(self) -> tuple[str, list[dict[str, Any]], int, str] | None:
+        """The next size-tiered merge: the first `compact_fanout` segments of the lowest full level."""
+        fan = max(2, self.cfg.compact_fanout)
+        for t in layout.DATA_TABLES:
+            by_level: dict[int, list[dict[str, Any]]] = {}
+            for seg in self._manifest["segments"][t]:
+                if seg["file"] not in self._inflight:
+                    by_level.setdefault(seg["level"], []).append(seg)
+            for lv in sorted(by_level):
+                if len(by_level[lv]) >= fan:
+                    return t, by_level[lv][:fan], lv + 1, self._next_name(lv + 1)
+        return None
+
+    def _apply_job_locked(self, table: str, group: list[dict[str, Any]], merged: dict[str, Any]) -> None:
+        """Swap the merged segment in for its inputs (in place of the first) and publish the manifest."""
+        names = {g["file"] for g in group}
+        segs: list[dict[str, Any]] = []
+        for seg in self._manifest["segments"][table]:
+            if seg["file"] == group[0]["file"]:
+                segs.append(merged)
+            elif seg["file"] not in names:
+                segs.append(seg)
+        self._manifest["segments"][table] = segs
+        now = time.time()
+        self._manifest["retired"] += [{"path": f"{table}/{g['file']}", "at": now} for g in group]
+        self._write_manifest()
 
     def _compact_locked(self, final: bool) -> None:
-        changed = False
-        now = time.time()
-        for t in layout.DATA_TABLES:
-            segs: list[dict[str, Any]] = self._manifest["segments"][t]
-            if final:
+        """Synchronous compaction (the caller holds the lock): tiered merges, or everything at finish."""
+        if final:
+            for t in layout.DATA_TABLES:
+                segs = self._manifest["segments"][t]
                 if len(segs) > 1:
-                    merged = self._merge(t, segs, max(s["level"] for s in segs) + 1)
-                    self._manifest["retired"] += [{"path": f"{t}/{s['file']}", "at": now} for s in segs]
-                    self._manifest["segments"][t] = [merged]
-                    changed = True
-                continue
-            fan = max(2, self.cfg.compact_fanout)
-            while True:
-                by_level: dict[int, list[int]] = {}
-                for i, s in enumerate(segs):
-                    by_level.setdefault(s["level"], []).append(i)
-                full = [lv for lv, idx in sorted(by_level.items()) if len(idx) >= fan]
-                if not full:
+                    level = max(s["level"] for s in segs) + 1
+                    self._apply_job_locked(t, list(segs), self._merge(t, list(segs), level, self._next_name(level)))
+            return
+        while (job := self._pick_job_locked()) is not None:
+            t, group, level, fname = job
+            self._apply_job_locked(t, group, self._merge(t, group, level, fname))
+
+    # background compaction: merges run outside the lock, so flush() only writes the new segments
+    def _kick_compactor(self) -> None:
+        if self._compactor is None:
+            self._compactor = threading.Thread(target=self._compactor_loop, daemon=True,
+                                               name=f"compact[{self.run_id}:{self.rank}]")
+            self._compactor.start()
+        self._compact_wake.set()
+
+    def _compactor_loop(self) -> None:
+        while True:
+            self._compact_wake.wait()
+            self._compact_wake.clear()
+            while not self._compact_stop:
+                with self._lock:
+                    if self._finished or self._compact_stop:
+                        return
+                    job = self._pick_job_locked()
+                    if job is not None:
+                        self._inflight.update(g["file"] for g in job[1])
+                if job is None:
                     break
-                lv = full[0]
-                idx = by_level[lv][:fan]
-                group = [segs[i] for i in idx]
-                merged = self._merge(t, group, lv + 1)
-                self._manifest["retired"] += [{"path": f"{t}/{s['file']}", "at": now} for s in group]
-                segs = [s for i, s in enumerate(segs) if i not in set(idx[1:])]
-                segs[idx[0]] = merged
-                self._manifest["segments"][t] = segs
-                changed = True
-        if changed:
-            self._write_manifest()
+                t, group, level, fname = job
+                try:
+                    merged = self._merge(t, group, level, fname)
+                except Exception:  # noqa: BLE001 - segments stay as they are; readers are unaffected
+                    log.exception("run %s rank %d: background compaction of %s failed", self.run_id, self.rank, t)
+                    with self._lock:
+                        self._inflight.clear()
+                    return
+                with self._lock:
+                    self._inflight.difference_update(g["file"] for g in group)
+                    if self._finished or self._compact_stop:
+                        (self.path / t / fname).unlink(missing_ok=True)
+                        return
+                    self._apply_job_locked(t, group, merged)
+            with self._lock:
+                if not self._finished:
+                    self._delete_retired_locked(force=False)
+            if self._compact_stop:
+                return
+
+    def _stop_compactor(self, timeout: float | None) -> None:
+        self._compact_stop = True
+        self._compact_wake.set()
+        if self._compactor is not None and self._compactor is not threading.current_thread():
+            self._compactor.join(timeout)
 
     def _delete_retired_locked(self, force: bool) -> None:
         keep = []
