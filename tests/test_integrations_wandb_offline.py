@@ -262,12 +262,18 @@ def test_reimport_updates_without_duplicates_and_mode_override(imported, wandb_d
         assert len(r.steps(again[0].run_id)) == 6
 
 
-def test_detector_runs_on_imported_run(imported):
+def test_detector_runs_on_imported_run(imported, capsys):
     detect = pytest.importorskip("lld_monitor.detect")
-    _, results, reader = imported
+    from lld_monitor.cli import main
+
+    store, results, reader = imported
     sig = reader.signals(results["verl_llds"].run_id)
     res = detect.detect_run(sig)
     assert res.phase in ("healthy", "stagnation", "decay", "collapse")
+    capsys.readouterr()
+    assert main(["detect", "--store", str(store), "--run", results["verl_llds"].run_id, "--json"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    assert out  # the detect command reads the imported run like a local one
 
 
 # ------------------------------------------------------------------- damaged / in-progress files
