@@ -5,6 +5,8 @@ optional (default: WANDB_API_KEY / ~/.netrc / `wandb login`); its value goes to 
 is cleared on submit, and nothing stores or prints it.
 """
 
+from pathlib import Path
+
 import streamlit as st
 
 from lld_monitor.integrations import wandb_import as wi
@@ -17,6 +19,9 @@ st.caption(
     f"Into the store `{ctx.store}` (change it in the sidebar). Every scalar key is kept; verl / Search-R1 and "
     "TRL names are mapped onto the step signals; importing a run again replaces it."
 )
+if Path(ctx.store).resolve() == (Path(__file__).resolve().parents[1] / "sample_runs").resolve():
+    st.warning("The current store is the bundled `sample_runs/`. Imports would be added to it: type another "
+               "store folder in the sidebar (e.g. `lld_runs`) to keep the samples as shipped.")
 MODE_CHOICES = ["infer from config", *MODES]
 
 
