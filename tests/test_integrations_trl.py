@@ -202,3 +202,15 @@ def test_grpo_trainer_run_logs_into_the_store(tokenizer, tmp_path, caplog):
         assert ov is not None
         frames = queries.compare_frames(r, [run["run_id"]], ["trl tiny"])
         assert len(frames) >= 1
+    # and the dashboard's pages render it
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parents[1]
+    for page in ("live_health.py", "token_inspector.py"):
+        at = AppTest.from_file(str(root / "pages" / page), default_timeout=60)
+        at.session_state["store_path"] = str(store)
+        at.run()
+        assert not at.exception, (page, at.exception)
+        assert not at.error, (page, [e.value for e in at.error])

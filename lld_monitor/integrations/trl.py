@@ -39,7 +39,6 @@ needs the answer-tag token ids: ``answer_open_ids`` / ``answer_close_ids`` (e.g.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,7 +70,8 @@ class _LogCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D401
-        if logs and not any(k in logs for k in ("train_runtime",)) and not any(k.startswith("eval_") for k in logs):
+        # training logs only: not the end-of-training summary, not evaluation
+        if logs and "train_runtime" not in logs and not any(k.startswith("eval_") for k in logs):
             self.trainer._lld_on_trl_log(int(state.global_step), logs)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -244,7 +244,6 @@ class LLDGRPOTrainer(GRPOTrainer):
                 "advantage": adv.detach().float().cpu(),
                 "reward": inputs.get("lld_reward", torch.full((n,), float("nan"))).detach().float().cpu(),
                 "group": inputs.get("lld_group", torch.arange(n)).detach().cpu(),
-                "sample": inputs.get("lld_sample", torch.arange(n)).detach().cpu(),
             }
             if ent is not None:
                 rec["entropy"] = ent.detach().float().cpu()
@@ -280,7 +279,6 @@ class LLDGRPOTrainer(GRPOTrainer):
         elif self.llds_cfg is None:
             scalars["llds_loss"] = 0.0
         groups = torch.cat([m["group"] for m in micro]).numpy()
-        sample_ids = torch.cat([m["sample"] for m in micro]).numpy()
         samples = {
             "reward": reward.numpy().astype(np.float64),
             "advantage": adv.numpy().astype(np.float64),
@@ -291,7 +289,6 @@ class LLDGRPOTrainer(GRPOTrainer):
         }
         tokens = {k: v.numpy() for k, v in tok.items()}
         tokens["mask"] = tokens["mask"].astype(bool)
-        del sample_ids
         # a step that TRL does not log (logging_steps > 1) goes out when the next one is ready
         self._lld_flush_pending(before=step)
         self._lld_pending[step] = (scalars, samples, tokens)
@@ -340,8 +337,7 @@ class LLDGRPOTrainer(GRPOTrainer):
     def _lld_send(self, step, scalars, samples, tokens) -> None:
         if self.lld_logger is None:
             return
-        clean = {k: v for k, v in scalars.items() if v is not None and not (isinstance(v, float) and math.isnan(v)
-                                                                           and k not in STEP_SIGNALS)}
+        clean = {k: v for k, v in scalars.items() if v is not None}
         try:
             self.lld_logger.log_step(step, scalars=clean, samples=samples, tokens=tokens)
         except Exception:  # noqa: BLE001 - monitoring must never stop training
