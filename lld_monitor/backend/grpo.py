@@ -77,7 +77,7 @@ def sequence_logprobs(model, input_ids, attention_mask, prompt_width: int, tempe
 class Trainer:
     """Builds everything from a TrainConfig; `train()` runs the steps and returns the run id."""
 
-    def __init__(self, cfg: TrainConfig, store: str, run_name: str, progress: bool = True):
+    def __init__(self, cfg: TrainConfig, store: str, run_name: str, progress: bool = True, run_id: str | None = None):
         import torch
 
         from .model import load_model
@@ -89,6 +89,7 @@ class Trainer:
         self.store = store
         self.run_name = run_name
         self.progress = progress
+        self.run_id = run_id
         torch.set_num_threads(max(1, cfg.threads))
         self.dist = init_distributed("cuda" if cfg.device == "cuda" else "cpu")
         self.device = _pick_device(cfg.device, self.dist)
@@ -373,8 +374,8 @@ class Trainer:
         from lld_monitor.logger import RunLogger
 
         steps = self.cfg.steps if steps is None else steps
-        run_id = None
-        if self.dist.enabled:
+        run_id = self.run_id
+        if self.dist.enabled and run_id is None:
             import torch.distributed as dist
 
             holder = [None]

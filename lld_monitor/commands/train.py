@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
     p.add_argument("--corpus", default=None, help="JSONL corpus for BM25 instead of the generated world")
     p.add_argument("--retriever-url", default=None, help="Search-R1 style /retrieve URL instead of local BM25")
+    p.add_argument("--run-id", default=None, help="explicit run id (default: derived from the name and the time)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from lld_monitor.backend.grpo import Trainer
 
     try:
-        trainer = Trainer(cfg, args.store, name, progress=not args.no_progress)
+        trainer = Trainer(cfg, args.store, name, progress=not args.no_progress, run_id=args.run_id)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"lld-monitor train: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,86 @@
+"""Regenerate `sample_runs/` with the CLI: one vanilla run that collapses and the LLDS and LLDS-MA runs
+of the same settings and seed.
+
+    .venv/bin/python scripts/make_sample_runs.py            # rebuild sample_runs/ (replaces it)
+    .venv/bin/python scripts/make_sample_runs.py --check    # rebuild into a temp store and compare
+
+Everything a run learns is a function of its config and seed (single thread, seeded sampling, the
+cached warm start keyed by its config), so a rebuild reproduces every sample, token and training
+signal bit-for-bit. Wall-clock columns (timestamps, step_time, timing_s/*) are measurements and
+differ; `--check` compares everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "scripts" / "spiral_config.json"
+SEED = 1
+STEPS = int(os.environ.get("LLD_SAMPLE_STEPS", "0")) or None  # default: the config's steps
+RUNS = [("vanilla", "vanilla"), ("llds", "llds"), ("llds-ma", "llds-ma")]
+TIMING = ("time", "step_time")
+
+
+def build(store: Path) -> None:
+    for mode, label in RUNS:
+        name = f"{label}-seed{SEED}"
+        cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--seed", str(SEED), "--store", str(store),
+               "--run-name", name, "--run-id", f"sample-{label}-seed{SEED}", "--config", str(CONFIG), "--threads", "1"]
+        if STEPS:
+            cmd += ["--steps", str(STEPS)]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def compare(a: Path, b: Path) -> int:
+    from lld_monitor.store import open_store_reader
+
+    ra, rb = open_store_reader(a), open_store_reader(b)
+    bad = 0
+    for rid in ra.runs().run_id:
+        sa, sb = ra.steps(rid).drop(columns=["run_id", *TIMING], errors="ignore"), rb.steps(rid).drop(columns=["run_id", *TIMING], errors="ignore")
+        ma = ra.metrics(rid)
+        mb = rb.metrics(rid)
+        ma, mb = (m[~m.key.str.startswith("timing_s/")].reset_index(drop=True) for m in (ma, mb))
+        same = sa.equals(sb) and ma.drop(columns=["run_id"], errors="ignore").equals(mb.drop(columns=["run_id"], errors="ignore"))
+        same &= ra.samples(rid).drop(columns=["run_id"]).equals(rb.samples(rid).drop(columns=["run_id"]))
+        for st in ra.token_steps(rid)[:5]:
+            same &= ra.tokens(rid, st).drop(columns=["run_id"]).equals(rb.tokens(rid, st).drop(columns=["run_id"]))
+        print(f"{rid}: {'identical' if same else 'DIFFERENT'}")
+        bad += not same
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="rebuild into a temp store and compare with sample_runs/")
+    ap.add_argument("--out", default=str(ROOT / "sample_runs"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    if args.check:
+        with tempfile.TemporaryDirectory() as d:
+            build(Path(d) / "store")
+            return 1 if compare(out, Path(d) / "store") else 0
+    tmp = out.with_name(out.name + ".new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    keep = [p for p in out.iterdir() if p.name not in ("store.json", "runs")] if out.exists() else []
+    for p in keep:  # e.g. a README in the folder
+        shutil.copy2(p, tmp / p.name) if p.is_file() else None
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"sample_runs: {size / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
