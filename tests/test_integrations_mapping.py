@@ -1,0 +1,71 @@
+"""Key mapping and mode inference (pure functions, no wandb)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lld_monitor.integrations.mapping import detect_family, infer_mode, map_row, mapped_keys
+from lld_monitor.store.schema import STEP_SIGNALS
+
+
+@pytest.mark.parametrize(
+    ("config", "mode"),
+    [
+        ({"actor_rollout_ref": {"actor": {"no_reduce_lambda": 0.2}}}, "llds"),
+        ({"actor_rollout_ref": {"actor": {"no_reduce_lambda": "0.3", "mask_answer": "true"}}}, "llds_ma"),
+        ({"actor_rollout_ref": {"actor": {"no_reduce_lambda": 0.0, "mask_answer": True}}}, "vanilla"),
+        # W&B's stored config format {"key": {"value": v, "desc": ...}}
+        ({"actor_rollout_ref": {"value": {"actor": {"no_reduce_lambda": 0.1}}, "desc": None}}, "llds"),
+        ({"mode": "llds_ma", "lam": 0.2}, "llds_ma"),  # our own runs
+        ({"llds": {"lam": 0.2, "gate": "action", "answer_weight": None}}, "llds"),
+        ({"llds": {"lam": 0.2, "gate": "action", "answer_weight": 0.1}}, "llds_ma"),
+        ({"llds_lambda": 0.0}, "vanilla"),
+        ({"num_generations": 8, "beta": 0.04}, "vanilla"),  # TRL GRPO, no LLDS keys
+        ({"algorithm": {"adv_estimator": "grpo"}}, "vanilla"),
+        ({"lr": 1e-6}, "unknown"),
+        ({}, "unknown"),
+        (None, "unknown"),
+    ],
+)
+def test_infer_mode(config, mode):
+    got = infer_mode(config)
+    assert got.mode == mode, got.reason
+    assert got.reason
+
+
+def test_infer_mode_from_keys_when_config_is_empty():
+    assert infer_mode({}, {"actor/grad_norm", "critic/score/mean"}).mode == "vanilla"
+    assert infer_mode({}, {"train/reward", "train/global_step"}).mode == "vanilla"
+    assert infer_mode({}, {"my/custom"}).mode == "unknown"
+
+
+def test_map_row_priority_and_types():
+    row = {"actor/entropy_loss": 1.5, "actor/entropy": 9.0, "actor/grad_norm": float("nan"),
+           "critic/score/mean": True, "train/reward": "0.3", "lld/kl": 0.01, "actor/kl_loss": 0.5}
+    got = map_row(row)
+    assert got["entropy"] == 1.5  # the Search-R1 name first
+    assert math.isnan(got["grad_norm"])  # NaN is a value, kept
+    assert "reward_mean" not in got  # a bool or a string is not a reward
+    assert got["kl"] == 0.01  # our exporter's own key wins
+    assert set(got) <= set(STEP_SIGNALS)
+
+
+def test_answer_prob_only_with_a_span():
+    assert "answer_prob_mean" not in map_row({"actor/lowest_prob_avg_mean": 0.0, "actor/is_answer_mask": 0.0})
+    assert map_row({"actor/lowest_prob_avg_mean": 0.7, "actor/is_answer_mask": 0.5})["answer_prob_mean"] == 0.7
+
+
+def test_unmapped_proxies_stay_unmapped():
+    keys = {"actor/pos_avg_old_log_prob", "actor/neg_avg_old_log_prob", "actor/ppo_kl", "actor/mean_reduce_chunk",
+            "train/loss"}
+    assert mapped_keys(keys) == {}
+
+
+def test_detect_family():
+    assert detect_family({"actor/loss_noreduce"}) == "search-r1"
+    assert detect_family({"actor/grad_norm"}) == "verl"
+    assert detect_family({"train/global_step", "train/reward"}) == "trl"
+    assert detect_family({"lld/step"}) == "lld-monitor"
+    assert detect_family({"foo"}) == "unknown"
