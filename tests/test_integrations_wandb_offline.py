@@ -365,6 +365,59 @@ def test_run_still_being_written_imports_its_prefix(wandb_dir, tmp_path):
         assert cfg["_lld_monitor_import"]["wandb_state"] == "running"
 
 
+LIVE_WRITER = r"""
+import sys, time, wandb
+run = wandb.init(project="live", id="liverun", name="live")
+for s in range(5000):
+    run.log({"actor/grad_norm": s * 0.5, "critic/score/mean": s * 0.25}, step=s)
+    if s % 10 == 0:
+        time.sleep(0.01)
+    if __import__("os").path.exists(sys.argv[1]):
+        break
+run.finish()
+"""
+
+
+def test_reading_while_the_sdk_writes(tmp_path):
+    """Read the .wandb file of a run the real SDK is writing right now: every read is a clean prefix."""
+    import time
+
+    from lld_monitor.integrations.wandb_offline import find_run_files, read_wandb_file
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true", WANDB_CONSOLE="off",
+               WANDB_CONFIG_DIR=str(tmp_path / "cfg"), WANDB_CACHE_DIR=str(tmp_path / "cache"),
+               WANDB_DATA_DIR=str(tmp_path / "data"))
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, "-c", LIVE_WRITER, str(stop)], env=env, cwd=tmp_path)
+    try:
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len([n for n in seen if n > 0]) < 5:
+            files = find_run_files(tmp_path / "wandb") if (tmp_path / "wandb").exists() else []
+            if files:
+                d = read_wandb_file(files[0])
+                assert not any("CRC" in p or "bad record header" in p for p in d.problems), d.problems
+                for h in d.history:
+                    assert h["actor/grad_norm"] == h["_step"] * 0.5
+                assert [h["_step"] for h in d.history] == list(range(len(d.history)))
+                if d.history:
+                    assert not d.complete
+                seen.append(len(d.history))
+            time.sleep(0.1)
+        assert len([n for n in seen if n > 0]) >= 5, seen
+        assert seen == sorted(seen)
+        stop.touch()
+        assert proc.wait(timeout=60) == 0
+        final = read_wandb_file(find_run_files(tmp_path / "wandb")[0])
+        assert final.complete and len(final.history) >= seen[-1]
+    finally:
+        stop.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_cli_offline_import(wandb_dir, tmp_path, capsys):
     from lld_monitor.cli import main
 
