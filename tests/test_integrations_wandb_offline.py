@@ -99,6 +99,8 @@ def expected_rows(name: str) -> dict[int, dict[str, float]]:
         if name == "trl_plain":
             row["train/global_step"] = float(s)
             row["train/extra_same_step"] = value("train/extra_same_step", s)  # logged in a second call
+            if s == 4:
+                row["custom/direct"] = 7.0  # a plain wandb.log without train/global_step: belongs to step 4
         out[s] = row
     return out
 
@@ -124,11 +126,14 @@ def write_runs(root: str) -> None:
             row = dict(rows[s])
             if name == "trl_plain":
                 extra = {"train/extra_same_step": row.pop("train/extra_same_step"), "train/global_step": s}
+                direct = row.pop("custom/direct", None)
                 row["train/global_step"] = s
                 run.log(row)  # like transformers' WandbCallback: no explicit step, global_step in the row
                 run.log(extra)
                 if s == 3:
                     run.log({"train/text_value": "not a number", "train/global_step": s})
+                if direct is not None:
+                    run.log({"custom/direct": direct})
             else:
                 run.log(row, step=s)
         run.finish()

@@ -105,7 +105,7 @@ def _step_of(row: Mapping[str, Any], step_key: str) -> int | None:
     transformers' WandbCallback `train/global_step`, both meaning the optimizer step."""
     v = row.get(step_key)
     if v is None and step_key != "_step":
-        for alt in (mapping.LLD_STEP_KEY, mapping.TRL_STEP_KEY, "_step"):
+        for alt in (mapping.LLD_STEP_KEY, mapping.TRL_STEP_KEY):
             v = row.get(alt)
             if v is not None:
                 break
@@ -126,6 +126,7 @@ class _Accumulator:
         self.rows = 0
         self.unstepped = 0
         self.late = 0
+        self.last_step: int | None = None
         self.metric_values = 0
         self.steps_written: set[int] = set()
         self.mapped: dict[str, str] = {}
@@ -133,9 +134,14 @@ class _Accumulator:
     def add(self, row: Mapping[str, Any]) -> None:
         self.rows += 1
         step = _step_of(row, self.step_key)
+        if step is None and self.step_key != "_step" and self.last_step is not None:
+            # a row without the run's step key (e.g. a direct wandb.log next to TRL's logging): it belongs
+            # to the latest optimizer step, as W&B's define_metric(step_sync=True) shows it
+            step = self.last_step
         if step is None:
             self.unstepped += 1
             return
+        self.last_step = step
         if step in self.steps_written:
             # already written (history not in step order after a drain): the store is append-only, so a
             # second row for the step would duplicate it. write_run only drains early on the `_step` axis,
