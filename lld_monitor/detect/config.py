@@ -18,7 +18,7 @@ class DetectorConfig:
     a signal needs before it is used)."""
 
     # --- correct-response likelihood: trend (phase I stagnation, phase II decay) -------------------
-    trend_window: int = 30
+    trend_window: int = 45
     """Points in the Theil-Sen window of the likelihood trend."""
     trend_min_points: int = 15
     """Fewer finite points in the window than this: no trend is computed."""

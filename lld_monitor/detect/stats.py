@@ -42,14 +42,17 @@ class Trend:
     slope: float  # units of y per step
     intercept: float
     sigma: float  # robust sigma of the residuals
-    z: float  # slope / its standard error (as for OLS on n points with residual sigma)
+    z: float  # slope / its standard error (OLS formula with residual sigma, AR(1)-corrected)
     n: int
+    rho: float = 0.0  # lag-1 autocorrelation of the residuals used in the correction
 
 
-def theil_sen(x: np.ndarray, y: np.ndarray, sigma_floor: float = 0.0) -> Trend:
+def theil_sen(x: np.ndarray, y: np.ndarray, sigma_floor: float = 0.0, autocorr: bool = True) -> Trend:
     """Theil-Sen line through (x, y) (median of pairwise slopes; robust to ~29% outliers) and a
     z-score for its slope: slope * sqrt(sum((x - mean x)^2)) / sigma_resid, where sigma_resid is the
-    robust sigma of the residuals (floored at `sigma_floor`)."""
+    robust sigma of the residuals (floored at `sigma_floor`). With `autocorr`, z is shrunk by
+    sqrt((1 - rho) / (1 + rho)), rho = lag-1 autocorrelation of the residuals (the effective-sample-size
+    correction for AR(1) noise: without it, slowly wandering curves look like significant trends)."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     n = int(x.size)
@@ -69,7 +72,23 @@ def theil_sen(x: np.ndarray, y: np.ndarray, sigma_floor: float = 0.0) -> Trend:
         z = slope * np.sqrt(sxx) / sigma
     else:
         z = 0.0 if slope == 0 else float(np.copysign(1e9, slope))
-    return Trend(slope=slope, intercept=intercept, sigma=sigma, z=float(z), n=n)
+    rho = 0.0
+    if autocorr and n >= 8:
+        rho = lag1_autocorr(resid)
+        z *= np.sqrt((1.0 - rho) / (1.0 + rho))
+    return Trend(slope=slope, intercept=intercept, sigma=sigma, z=float(z), n=n, rho=rho)
+
+
+def lag1_autocorr(r: np.ndarray, max_rho: float = 0.9) -> float:
+    """Lag-1 autocorrelation of residuals, bias-corrected and clipped to [0, max_rho] (training curves
+    are positively autocorrelated; a negative estimate on a short window is treated as none)."""
+    r = np.asarray(r, dtype=float) - float(np.mean(r))
+    den = float(np.dot(r, r))
+    if den <= 0:
+        return 0.0
+    rho = float(np.dot(r[:-1], r[1:]) / den)
+    rho += (1.0 + 3.0 * rho) / r.size  # Kendall's small-sample bias correction (the raw estimate is low)
+    return float(min(max(rho, 0.0), max_rho))
 
 
 def trailing_median(y, window: int) -> float:
