@@ -143,3 +143,12 @@ def test_scalar_only_verl_names_still_warn():
     w = first(res.alerts)
     assert w is not None and res.collapse_step - w >= 20
     assert all(a.signal.startswith(("actor/", "critic/")) for a in res.alerts if a.signal != "phase")
+
+
+def test_autocorrelated_noise_healthy_no_warning_spiral_still_warned():
+    # training curves wander (AR(1) noise): the trend z is corrected for it
+    for seed in range(8):
+        res = detect_run(healthy(seed=seed, ar_phi=0.3).drop(columns=["delta_preserved_mean"]))
+        assert first(res.alerts) is None, (seed, [a.message for a in res.alerts if a.severity != "info"])
+        res = detect_run(spiral(SpiralSpec(seed=seed, ar_phi=0.3)).drop(columns=["delta_preserved_mean"]))
+        assert res.collapse_step - first(res.alerts) >= 20

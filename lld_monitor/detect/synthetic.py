@@ -29,6 +29,17 @@ class SpiralSpec:
     collapse_start: int | None = 180  # reward starts to fall hard
     noise: float = 1.0  # noise multiplier
     seed: int = 0
+    ar_phi: float = 0.0  # AR(1) coefficient of the likelihood noise (0 = independent per step)
+
+
+def ar1(n: int, phi: float, sd: float, rng: np.random.Generator) -> np.ndarray:
+    """Stationary AR(1) noise with marginal standard deviation `sd`."""
+    e = rng.normal(0.0, sd * np.sqrt(1.0 - phi**2), n)
+    x = np.empty(n)
+    x[0] = rng.normal(0.0, sd)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + e[i]
+    return x
 
 
 def spiral(spec: SpiralSpec | None = None) -> pd.DataFrame:
@@ -44,7 +55,7 @@ def spiral(spec: SpiralSpec | None = None) -> pd.DataFrame:
         ll = ll - np.clip(t - sp.decay_start, 0, None) * 0.0025
     if sp.accel_start is not None:
         ll = ll - np.clip(t - sp.accel_start, 0, None) ** 2 * 0.0006
-    ll = ll + rng.normal(0, 0.02 * n, t.size)
+    ll = ll + (ar1(t.size, sp.ar_phi, 0.02 * n, rng) if sp.ar_phi else rng.normal(0, 0.02 * n, t.size))
 
     # reward rises, keeps rising through phase II, falls after collapse_start
     reward = 0.1 + 0.45 / (1 + np.exp(-(t - 40) / 15))
@@ -88,9 +99,10 @@ def spiral(spec: SpiralSpec | None = None) -> pd.DataFrame:
     )
 
 
-def healthy(steps: int = 300, seed: int = 0, noise: float = 1.0) -> pd.DataFrame:
+def healthy(steps: int = 300, seed: int = 0, noise: float = 1.0, ar_phi: float = 0.0) -> pd.DataFrame:
     """A run that never decays or collapses (likelihood rises then plateaus, reward rises then holds)."""
-    df = spiral(SpiralSpec(steps=steps, decay_start=None, accel_start=None, collapse_start=None, noise=noise, seed=seed))
+    df = spiral(SpiralSpec(steps=steps, decay_start=None, accel_start=None, collapse_start=None, noise=noise,
+                           seed=seed, ar_phi=ar_phi))
     # a healthy (regularized) run: preserved responses gain likelihood
     rng = np.random.default_rng(seed + 1000)
     df["delta_preserved_mean"] = rng.normal(0.02, 0.03 * noise, steps)
