@@ -26,7 +26,11 @@ log = logging.getLogger(__name__)
 
 
 def _default_store() -> str:
-    return os.environ.get("LLD_MONITOR_STORE") or "lld_runs"
+    try:
+        from lld_monitor.store import default_store_path  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - store room missing
+        return os.environ.get("LLD_MONITOR_STORE") or "lld_runs"
+    return default_store_path()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
