@@ -210,26 +210,7 @@ def test_rollout_masks_observations_and_handles_invalid_actions():
         ids("<search> anna kovar velor <answer> velor </answer>"),  # missing </search> -> overlong -> invalid
     ]
 
-    class Policy(_ScriptedLM):
-        def __call__(self, input_ids, **kw):
-            out = super().__call__(input_ids, **kw)
-            return out
-
-    pol = Policy(tok, scripts)
-    # drive the scripts: pop a token whenever the env consumed the row's sampled token
-    orig = rollout.__globals__["_Row"]
-    ro = None
-    consumed = [0, 0, 0]
-
-    import lld_monitor.backend.env as envmod
-
-    real_tensor = torch.multinomial
-
-    def fake_multinomial(probs, k, generator=None):
-        # the policy put all mass on its next scripted token: sampling returns it deterministically
-        return real_tensor(probs, k, generator=generator)
-
-    class AdvancingPolicy(Policy):
+    class AdvancingPolicy(_ScriptedLM):
         def __call__(self, input_ids, **kw):
             # the token fed back now is the row's last token; if it equals the script head, advance
             if input_ids.shape[1] == 1:
@@ -239,7 +220,7 @@ def test_rollout_masks_observations_and_handles_invalid_actions():
             return super().__call__(input_ids, **kw)
 
     pol = AdvancingPolicy(tok, scripts)
-    ro = envmod.rollout(pol, tok, ["where was anna kovar born ?"] * 3, r, cfg, torch.Generator().manual_seed(0))
+    ro = rollout(pol, tok, ["where was anna kovar born ?"] * 3, r, cfg, torch.Generator().manual_seed(0))
     assert ro.finished == [True, True, True]
     assert ro.n_searches == [1, 0, 0]
     t0 = ro.response_texts[0]

@@ -134,3 +134,30 @@ def test_torchrun_two_ranks_write_one_run(tmp_path, tiny_config):
     for st, grp in s.groupby("step"):
         assert math.isclose(float(steps.set_index("step").reward_mean[st]), float(grp.reward.mean()), abs_tol=1e-9)
     r.close()
+
+
+def test_warmstart_cache_key_covers_what_changes_the_checkpoint():
+    from dataclasses import replace
+
+    from lld_monitor.backend.config import TrainConfig
+    from lld_monitor.backend.sft import cache_key
+
+    c = TrainConfig()
+    k = cache_key(c.world, c.model, c.sft, c.env)
+    assert k == cache_key(c.world, c.model, c.sft, c.env)
+    assert k == cache_key(c.world, c.model, c.sft, replace(c.env, temperature=0.7))  # rollout-only knob
+    for other in (
+        cache_key(replace(c.world, seed=1), c.model, c.sft, c.env),
+        cache_key(c.world, replace(c.model, hidden_size=64), c.sft, c.env),
+        cache_key(c.world, c.model, replace(c.sft, steps=10), c.env),
+        cache_key(c.world, c.model, c.sft, replace(c.env, topk=3)),
+    ):
+        assert other != k
+
+
+def test_default_warmstart_is_shipped():
+    from lld_monitor.backend.config import TrainConfig
+    from lld_monitor.backend.sft import ASSETS, cache_key
+
+    c = TrainConfig()
+    assert (ASSETS / cache_key(c.world, c.model, c.sft, c.env) / "model.safetensors").is_file()
