@@ -140,7 +140,8 @@ def reader(mech: str, path: str, poll: float, done_file: str, out: str) -> None:
                 st = r.steps("bench")
                 if len(st):
                     r.tokens("bench", int(st["step"].iloc[-1]))
-                last = [len(st), len(r.samples("bench")), int(r.sql("SELECT count(*) AS n FROM tokens")["n"][0])]
+                c = r.sql("SELECT (SELECT count(*) FROM samples) AS s, (SELECT count(*) FROM tokens) AS t")
+                last = [len(st), int(c["s"][0]), int(c["t"][0])]
             else:
                 db = os.path.join(path, "runs.duckdb")
                 con, c = _connect_retry(db, True, RETRIES if mech == "duckdb-file" else 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import OrderedDict
 import threading
 import time
@@ -67,6 +68,7 @@ class StoreReader:
         self._con.execute("SET TimeZone='UTC'")
         self._lock = threading.RLock()
         self._json_cache: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+        self._views: set[str] = set()
         self.cache_entries = 64
         self._result_cache: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
         self.transient_retries = 0  # races absorbed (a segment merged away mid-query); never seen by callers
@@ -352,13 +354,20 @@ class StoreReader:
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run read-only SQL over views runs, steps, metrics, samples, tokens, alerts (all runs). Use ? params."""
 
+        # (re)build only the views the query names; a view left from an earlier query is harmless
+        used = {t for t in (*layout.DATA_TABLES, "runs") if re.search(rf"\b{t}\b", query, re.IGNORECASE)}
+
         def go() -> pd.DataFrame:
             states = self._states()
             for t in layout.DATA_TABLES:
-                self._relation(t, [f for s in states.values() for f in s.files[t]]).create_view(t, replace=True)
-            runs_df = self._runs_frame(states, self._step_counts(states))
-            self._con.register("_runs_df", runs_df)
-            self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_df")
+                if t in used or t not in self._views:
+                    self._relation(t, [f for s in states.values() for f in s.files[t]]).create_view(t, replace=True)
+                    self._views.add(t)
+            if "runs" in used or "runs" not in self._views:
+                runs_df = self._runs_frame(states, self._step_counts(states))
+                self._con.register("_runs_df", runs_df)
+                self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_df")
+                self._views.add("runs")
             return self._con.execute(query, params or []).df()
 
         return self._retry(go)
