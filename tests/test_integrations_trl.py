@@ -214,3 +214,28 @@ def test_grpo_trainer_run_logs_into_the_store(tokenizer, tmp_path, caplog):
         at.run()
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])
+
+
+def test_grad_accumulation_and_sparse_logging(tokenizer, tmp_path):
+    """2 micro-batches per optimizer step and TRL logging every 2nd step: one steps row per optimizer step
+    with all of its samples; TRL's scalars only where TRL logged."""
+    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.store import open_store_reader
+
+    torch.set_num_threads(1)
+    store = tmp_path / "store"
+    args = grpo_args(tmp_path, gradient_accumulation_steps=2, logging_steps=2, max_steps=3, num_iterations=1)
+    trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=args,
+                             train_dataset=dataset(), processing_class=tokenizer, lld_store=str(store))
+    trainer.train()
+    with open_store_reader(store) as r:
+        run = r.runs().iloc[0]
+        assert run["mode"] == "vanilla"
+        steps = r.steps(run["run_id"]).set_index("step")
+        assert steps.index.tolist() == [1, 2, 3]
+        assert (steps["n_samples"] == 8).all()
+        assert (steps["llds_loss"] == 0).all()
+        # num_iterations=1: TRL's old log-probs are the current ones, so the displacement is exactly 0
+        assert (steps["delta_preserved"].abs() < 1e-6).all()
+        assert steps["grad_norm"].notna().tolist() == [False, True, False]
+        assert len(r.samples(run["run_id"], step=3)) == 8
