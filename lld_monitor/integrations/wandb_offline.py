@@ -187,14 +187,14 @@ def decode_value(value_json: str) -> Any:
     Numbers (nearly every history value) take a fast path: int() / float() accept exactly the number
     literals W&B writes, including NaN, Infinity and -Infinity; anything else goes through json.loads."""
     try:
-        return int(value_json)
-    except ValueError:
-        pass
-    try:
         v = float(value_json)
     except ValueError:
-        return json.loads(value_json)
-    return _NAN if v != v else v  # one shared NaN object, as json.loads gives (rows compare equal)
+        return json.loads(value_json)  # strings, objects (media), lists, true / false / null
+    if v != v:
+        return _NAN  # one shared NaN object, as json.loads gives (rows compare equal)
+    if v.is_integer() and value_json.lstrip("-").isdigit():
+        return int(value_json)  # JSON integers stay ints (exact beyond 2**53)
+    return v
 
 
 def _load_pb():
