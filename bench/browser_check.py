@@ -40,10 +40,24 @@ def load_page(page, url: str, timeout_ms: int = 60_000, want_chart: bool = True)
     page.goto(url, wait_until="domcontentloaded", timeout=timeout_ms)
     page.wait_for_selector(APP_IDLE, timeout=timeout_ms)
     if want_chart:
-        page.wait_for_selector(CHART, timeout=timeout_ms)
+        try:
+            page.wait_for_selector(CHART, timeout=timeout_ms)
+        except Exception as exc:
+            raise RuntimeError(f"no Plotly chart drawn at {url}: {diagnose(page)}") from exc
     page.wait_for_timeout(300)  # let late elements of the same run land
     page.wait_for_selector(APP_IDLE, timeout=timeout_ms)
     return page.locator('[data-testid="stPlotlyChart"]').count(), page.locator(EXCEPTION).count()
+
+
+def diagnose(page) -> str:
+    """What the page shows right now (for a failure message)."""
+    app = page.locator('[data-testid="stApp"]')
+    state = app.get_attribute("data-test-script-state") if app.count() else "no stApp"
+    svgs = page.locator(CHART)
+    return (f"url={page.url} script={state} charts={page.locator('[data-testid=stPlotlyChart]').count()} "
+            f"svgs={svgs.count()} visible={[svgs.nth(i).is_visible() for i in range(min(svgs.count(), 5))]} "
+            f"exceptions={page.locator(EXCEPTION).all_inner_texts()[:2]} "
+            f"text={page.locator('[data-testid=stMain]').inner_text()[:300]!r}")
 
 
 def check_pages(base_url: str, shot_dir: str | Path | None = None, pages: dict[str, str] | None = None,
@@ -91,7 +105,10 @@ def time_to_first_chart(base_url: str, server_started: float, timeout_s: float =
                     if time.perf_counter() > deadline:
                         raise
                     time.sleep(0.1)
-            page.wait_for_selector(CHART, timeout=timeout_s * 1000)
+            try:
+                page.wait_for_selector(CHART, timeout=timeout_s * 1000)
+            except Exception as exc:
+                raise RuntimeError(f"no Plotly chart drawn at {base_url}: {diagnose(page)}") from exc
             return time.perf_counter() - server_started
         finally:
             browser.close()

@@ -75,6 +75,11 @@ class DetectionTracker:
         self._lock = threading.Lock()
         self._reset()
 
+    @property
+    def warm(self) -> bool:
+        """True once it has seen steps (an update then only costs the new ones)."""
+        return bool(self._steps)
+
     def _reset(self) -> None:
         self._det = None
         self._steps: list[int] = []

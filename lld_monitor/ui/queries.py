@@ -105,6 +105,12 @@ def run_phase(reader, run_id: str, tracker: ph.DetectionTracker | None = None) -
     return (tracker or ph.DetectionTracker()).update(reader.signals(run_id)).phase
 
 
+def stored_phases(reader) -> dict[str, str]:
+    """run_id -> the phase of its latest stored alert (the online detector stores one at every phase change)."""
+    df = reader.sql("SELECT run_id, arg_max(phase, step) AS phase FROM alerts GROUP BY run_id")
+    return {str(a): str(b) for a, b in zip(df["run_id"], df["phase"]) if b is not None}
+
+
 def humanize_seconds(s: float | None) -> str:
     if s is None:
         return "unknown"

@@ -179,9 +179,18 @@ def _qp(name: str) -> str | None:
     return None if v in (None, "") else str(v)
 
 
-def _phase_for(store: str, runs: pd.DataFrame, run_id: str) -> str | None:
+@st.cache_data(ttl=REFRESH_S, max_entries=32, show_spinner=False)
+def cached_stored_phases(path: str) -> dict[str, str]:
+    return with_reader(path, q.stored_phases)
+
+
+def _phase_for(store: str, runs: pd.DataFrame, run_id: str, selected: bool) -> str | None:
+    """The selected run's phase from its warm detector; other runs: the detector's if it is already warm
+    for them (cheap), else their latest stored alert's phase (no replay of every run on page load)."""
     try:
-        return cached_phase(store, run_id, run_version(runs, run_id))
+        if selected or tracker(store, run_id).warm:
+            return cached_phase(store, run_id, run_version(runs, run_id))
+        return cached_stored_phases(store).get(run_id)
     except StoreProblem:
         return None
 
@@ -215,7 +224,8 @@ def sidebar() -> Context:
             st.session_state["run_id"] = str(match.iloc[0]["run_id"])
     if st.session_state.get("run_id") not in ids:
         st.session_state["run_id"] = ids[0]
-    phases = {rid: _phase_for(store, ctx.runs, rid) for rid in ids}
+    chosen = st.session_state["run_id"]
+    phases = {rid: _phase_for(store, ctx.runs, rid, rid == chosen) for rid in ids}
     labels = {rid: q.run_label(ctx.runs[ctx.runs["run_id"] == rid].iloc[0], phases[rid]) for rid in ids}
     ctx.run_id = sb.selectbox("Run", ids, key="run_id", format_func=lambda rid: labels.get(rid, rid),
                               help="name · mode · source · status · phase")
