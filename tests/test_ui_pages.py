@@ -187,3 +187,21 @@ def test_switching_store_in_the_sidebar(store, empty_store):
     at.sidebar.text_input(key="store_path").set_value(empty_store).run()
     _assert_clean(at)
     assert _charts(at) == 0 and "has no runs yet" in _text(at)
+
+
+SAMPLE_RUNS = ROOT / "sample_runs"
+
+
+@pytest.mark.skipif(not (SAMPLE_RUNS / "store.json").exists(), reason="sample_runs/ has no store yet (made by the backend)")
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_on_the_bundled_sample_runs(page):
+    from lld_monitor.store import open_store_reader
+
+    with open_store_reader(SAMPLE_RUNS) as r:
+        runs = r.runs()
+    assert len(runs), "sample_runs/ is a store without runs"
+    for run_id in runs["run_id"]:
+        at = _app(str(SAMPLE_RUNS), run_id, page)
+        _assert_clean(at)
+        if page in ("pages/live_health.py", "pages/post_mortem.py"):
+            assert _charts(at) >= 1
