@@ -65,7 +65,7 @@ if widgets.require_run(ctx):
         m[3].metric("Actions", summary["actions"])
         m[4].metric("Tool tokens (unscored)", summary["tool"])
         if isinstance(row.get("question"), str) and row.get("question"):
-            st.markdown(f"**Question:** {row['question']}  \n**Gold:** {row.get('gold') or '—'}")
+            st.text(f"Question: {row['question']}\nGold: {row.get('gold') or '—'}")  # plain text: no markup from data
         if one.tokens.empty:
             st.info("No tokens were stored for this sample.")
         else:

@@ -205,3 +205,14 @@ def test_every_page_on_the_bundled_sample_runs(page):
         _assert_clean(at)
         if page in ("pages/live_health.py", "pages/post_mortem.py"):
             assert _charts(at) >= 1
+
+
+def test_newer_schema_store_says_upgrade(tmp_path):
+    import json
+
+    p = tmp_path / "newer"
+    p.mkdir()
+    (p / "store.json").write_text(json.dumps({"format": "lld-monitor-store", "schema_version": 99}))
+    at = _app(str(p), None)
+    _assert_clean(at)
+    assert "newer lld-monitor" in _text(at), _text(at)
