@@ -299,10 +299,13 @@ class RunLogger:
     def _make_detector(self) -> Any:
         try:
             from lld_monitor.detect import OnlineDetector  # noqa: PLC0415 - optional, written by another room
+
+            return OnlineDetector()
         except ImportError:
             log.debug("lld_monitor.detect not importable: no online alerts for %s", self.run_id)
-            return None
-        return OnlineDetector()
+        except Exception:  # noqa: BLE001 - a broken detector must not stop training
+            log.exception("online detector unavailable for run %s; logging continues without alerts", self.run_id)
+        return None
 
     def _make_wandb(self, run: Any) -> Any:
         if run is True:

@@ -209,3 +209,31 @@ def test_store_and_logger_never_import_torch(tmp_path):
             "lld_monitor.store.open_store_reader(sys.argv[1]).runs()\n"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=60)
+
+
+class _RecordingRun:
+    """Stands in for a wandb Run (WandbExporter accepts anything with .log); records what it gets."""
+
+    def __init__(self):
+        self.logged: list[dict] = []
+
+    def log(self, data, **kw):
+        self.logged.append(dict(data))
+
+
+def test_wandb_forwarding_sends_signals_and_alerts(tmp_path):
+    pytest.importorskip("lld_monitor.integrations.wandb_export")
+    pytest.importorskip("lld_monitor.detect")
+    from lld_monitor.detect.synthetic import spiral
+
+    sig = spiral()
+    cols = [c for c in sig.columns if c != "step"]
+    run = _RecordingRun()
+    with RunLogger(tmp_path, "wb", "vanilla", handle_signals=False, wandb=run) as lg:
+        for _, row in sig.iterrows():
+            lg.log_step(int(row["step"]), scalars={c: float(row[c]) for c in cols if np.isfinite(row[c])})
+    steps = [d for d in run.logged if "lld/step" in d]
+    assert len(steps) == len(sig)
+    assert steps[10]["lld/reward_mean"] == pytest.approx(float(sig["reward_mean"].iloc[10]))
+    n_alerts = len(open_store_reader(tmp_path).alerts(lg.run_id))
+    assert n_alerts > 0 and max(d.get("lld/alerts_total", 0) for d in run.logged) == n_alerts
