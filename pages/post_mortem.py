@@ -44,7 +44,8 @@ if widgets.require_run(ctx):
         st.dataframe(pm.leads, hide_index=True, width="stretch")
 
     st.subheader("Top displaced samples per phase")
-    st.caption("Preserved samples (advantage ≥ 0) whose summed log-likelihood fell most (Δ = after − before).")
+    st.caption("Preserved samples (advantage ≥ 0) whose summed log-likelihood fell most (Δ = after − before); "
+               "when the run logged tokens, among the token-logged steps, so each opens in the token inspector.")
     if pm.top.empty:
         st.write("No per-sample data for this run (imported runs carry step signals only).")
     else:

@@ -202,6 +202,8 @@ def token_view(reader, run_id: str, step: int | None = None, sample_idx: int | N
 def top_displaced_samples(reader, run_id: str, bands: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     """Per phase band: the k preserved (advantage ≥ 0) samples whose summed log-likelihood fell most.
 
+    When the run has token data, only samples at token-logged steps are ranked (each row then links into
+    the token inspector); otherwise all samples are (has_tokens False).
     Columns: phase, step, rank, sample_idx, reward, advantage, correct, delta_sum, delta_mean, has_tokens.
     """
     cols = ["phase", "step", "rank", "sample_idx", "reward", "advantage", "correct", "delta_sum", "delta_mean", "has_tokens"]
@@ -216,9 +218,11 @@ def top_displaced_samples(reader, run_id: str, bands: pd.DataFrame, k: int = 5) 
         " FROM samples s JOIN (SELECT unnest(?::VARCHAR[]) AS phase, unnest(?::BIGINT[]) AS lo,"
         "                             unnest(?::BIGINT[]) AS hi) b ON s.step >= b.lo AND s.step < b.hi"
         " WHERE s.run_id = ? AND s.advantage >= 0 AND s.delta_sum IS NOT NULL"
+        "  AND (? OR list_contains(?::BIGINT[], s.step))"
         ") WHERE rn <= ? ORDER BY lo, rn",
         [[f"{i}:{p}" for i, p in enumerate(bands["phase"])], [int(x) for x in bands["start"]],
-         [int(x) for x in bands["end"][:-1]] + [int(bands["end"].iloc[-1]) + 1], run_id, int(k)],
+         [int(x) for x in bands["end"][:-1]] + [int(bands["end"].iloc[-1]) + 1], run_id,
+         not token_step_set, sorted(token_step_set), int(k)],
     )
     if out.empty:
         return pd.DataFrame(columns=cols)
