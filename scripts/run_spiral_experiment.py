@@ -1,0 +1,70 @@
+"""Run the spiral experiment: vanilla / llds / llds-ma x seeds, identical settings except the regularizer.
+
+    .venv/bin/python scripts/run_spiral_experiment.py --store /work/experiments/spiral_store --seeds 2 3 [--jobs 2]
+
+Each run is `lld-monitor train --config scripts/spiral_config.json --mode M --seed S` with run id
+`spiral-<mode>-seed<S>`; at most `--jobs` runs at a time (each uses one thread). Seed 1 of the
+same settings is what `scripts/make_sample_runs.py` writes into sample_runs/ (copy those runs in
+with `--copy-from sample_runs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "scripts" / "spiral_config.json"
+MODES = ("vanilla", "llds", "llds-ma")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--modes", nargs="+", default=list(MODES))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--copy-from", default=None, help="a store whose finished runs are copied in first (e.g. sample_runs)")
+    args = ap.parse_args()
+    store = Path(args.store)
+    if args.copy_from:
+        src = Path(args.copy_from)
+        (store / "runs").mkdir(parents=True, exist_ok=True)
+        if not (store / "store.json").exists():
+            shutil.copy2(src / "store.json", store / "store.json")
+        for d in sorted((src / "runs").iterdir()):
+            if not (store / "runs" / d.name).exists():
+                shutil.copytree(d, store / "runs" / d.name)
+                print(f"copied {d.name}", flush=True)
+    todo = [(m, s) for s in args.seeds for m in args.modes]
+    running: list[tuple[subprocess.Popen, str, float]] = []
+    logs = store.parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    while todo or running:
+        while todo and len(running) < args.jobs:
+            mode, seed = todo.pop(0)
+            rid = f"spiral-{mode}-seed{seed}"
+            cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--seed", str(seed), "--store", str(store),
+                   "--run-name", f"{mode}-seed{seed}", "--run-id", rid, "--config", str(CONFIG), "--threads", "1", "--no-progress"]
+            out = open(logs / f"{rid}.log", "w")
+            p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            running.append((p, rid, time.time()))
+            print(f"started {rid}", flush=True)
+        time.sleep(2)
+        for item in list(running):
+            p, rid, t0 = item
+            if p.poll() is not None:
+                running.remove(item)
+                print(f"{rid}: exit {p.returncode} after {time.time() - t0:.0f} s", flush=True)
+                failed += p.returncode != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
