@@ -56,7 +56,7 @@ def test_unknown_column_and_table_are_errors(tmp_path):
 def test_logger_round_trip_with_tokens(tmp_path):
     rng = np.random.default_rng(0)
     n, t = 8, 12
-    with RunLogger(tmp_path / "s", "lg", "llds", {"k": 1}, token_every=2, token_groups=1,
+    with RunLogger(tmp_path / "s", "lg", "llds", {"k": 1}, token_every=2, token_groups=1, handle_signals=False,
                    vocab=[f"w{i}" for i in range(50)], flush_every_steps=3, detector=False) as lg:
         for step in range(6):
             role = np.zeros((n, t), int)
