@@ -71,6 +71,7 @@ class StoreReader:
         self._views: set[str] = set()
         self.cache_entries = 64
         self._result_cache: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
+        self._counts_cache: OrderedDict[tuple, tuple[int, int | None]] = OrderedDict()
         self.transient_retries = 0  # races absorbed (a segment merged away mid-query); never seen by callers
 
     # ---------------------------------------------------------------- metadata
@@ -227,26 +228,40 @@ class StoreReader:
 
         return self._retry(go)
 
-    def _step_counts(self, states: dict[str, RunState]) -> dict[str, tuple[int, int]]:
-        """run_id -> (distinct steps, last step), cached per run on its steps segment list."""
-        out: dict[str, tuple[int, int]] = {}
+    def _step_counts(self, states: dict[str, RunState]) -> dict[str, tuple[int, int | None]]:
+        """run_id -> (distinct steps, last step), cached per run on its steps segment list; the runs not
+        cached yet are counted in one statement."""
+        out: dict[str, tuple[int, int | None]] = {}
+        todo: dict[str, list[str]] = {}
         for rid, st in states.items():
             files = st.files["steps"]
             if not files:
                 continue
-            key = ("__counts__", tuple(files))
-            hit = self._result_cache.get(key)
-            if hit is None:
-                if st.current["steps"]:
-                    row = self._con.execute("SELECT count(DISTINCT step), max(step) FROM read_parquet(?)", [files]).fetchall()[0]
-                else:
-                    self._relation("steps", files).create_view("_q", replace=True)
-                    row = self._con.execute("SELECT count(DISTINCT step), max(step) FROM _q").fetchall()[0]
-                hit = self._result_cache[key] = (int(row[0]), None if row[1] is None else int(row[1]))
-                while len(self._result_cache) > self.cache_entries:
-                    self._result_cache.popitem(last=False)
-            out[rid] = hit
+            hit = self._counts_cache.get(tuple(files))
+            if hit is not None:
+                out[rid] = hit
+            elif st.current["steps"]:
+                todo[rid] = files
+            else:
+                self._relation("steps", files).create_view("_q", replace=True)
+                row = self._con.execute("SELECT count(DISTINCT step), max(step) FROM _q").fetchall()[0]
+                out[rid] = self._remember_counts(files, row)
+        if todo:
+            all_files = [f for fs in todo.values() for f in fs]
+            rows = self._con.execute(
+                "SELECT run_id, count(DISTINCT step), max(step) FROM read_parquet(?) GROUP BY run_id", [all_files]
+            ).fetchall()
+            found = {r[0]: r[1:] for r in rows}
+            for rid, files in todo.items():
+                out[rid] = self._remember_counts(files, found.get(rid, (0, None)))
         return out
+
+    def _remember_counts(self, files: list[str], row: Any) -> tuple[int, int | None]:
+        val = (int(row[0]), None if row[1] is None else int(row[1]))
+        self._counts_cache[tuple(files)] = val
+        while len(self._counts_cache) > 4096:
+            self._counts_cache.popitem(last=False)
+        return val
 
     def _runs_frame(self, states: dict[str, RunState], counts: dict[str, tuple[int, int]]) -> pd.DataFrame:
         rows = []
