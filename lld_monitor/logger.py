@@ -64,14 +64,18 @@ def to_numpy(value: Any) -> np.ndarray:
     return arr.copy() if arr is value else arr
 
 
-def to_float(value: Any) -> float:
+def to_float(value: Any, name: str = "scalar") -> float:
+    """One float from a number, a 0-d / 1-element tensor or array (NaN and inf kept)."""
     if hasattr(value, "detach"):
-        value = value.detach().cpu()
-        if hasattr(value, "item"):
-            return float(value.item())
+        value = to_numpy(value)
     if isinstance(value, np.ndarray):
-        return float(value.reshape(-1)[0]) if value.size == 1 else float("nan")
-    return float(value)
+        if value.size != 1:
+            raise ValueError(f"log_step: scalar {name!r} must be a single number, got shape {value.shape}")
+        return float(value.reshape(-1)[0])
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"log_step: scalar {name!r} must be a number, got {type(value).__name__}") from e
 
 
 def _copy_columns(cols: Mapping[str, Any] | None, what: str, allowed: Sequence[str]) -> dict[str, np.ndarray] | None:
@@ -330,7 +334,7 @@ class RunLogger:
         """Copy the inputs to CPU numpy and queue them; returns at once (blocks only if the queue is full)."""
         if self._closed:
             raise RuntimeError(f"RunLogger for run {self.run_id!r} is closed")
-        sc = {str(k): to_float(v) for k, v in (scalars or {}).items()}
+        sc = {str(k): to_float(v, str(k)) for k, v in (scalars or {}).items()}
         sm = _copy_columns(samples, "samples", SAMPLE_COLUMNS)
         tk = _copy_columns(tokens, "tokens", TOKEN_COLUMNS)
         al = _copy_columns(all_samples, "all_samples", SAMPLE_COLUMNS)

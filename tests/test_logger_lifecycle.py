@@ -195,6 +195,10 @@ def test_bad_log_step_input_is_a_clear_error_at_the_call(tmp_path):
             lg.log_step(0, samples={**_samples(4), "rewardd": np.ones(4)})
         with pytest.raises(ValueError, match="differ in length"):
             lg.log_step(0, samples={**_samples(4), "reward": np.ones(3)})
+        with pytest.raises(ValueError, match="single number"):
+            lg.log_step(0, scalars={"kl": np.ones(3)})
+        with pytest.raises(ValueError, match="must be a number"):
+            lg.log_step(0, scalars={"kl": "high"})
         with pytest.raises(ValueError, match=r"\[N=4, T\]"):
             lg.log_step(0, samples=_samples(4), tokens={"token_id": np.ones((3, 2))})
         lg.log_step(1, samples=_samples(4))

@@ -4,7 +4,7 @@
 <store>/store.json                        {"format": "lld-monitor-store", "schema_version": 1}
 <store>/runs/<run_id>/run.json            the runs-table row (written by rank 0; a placeholder by any rank)
 <store>/runs/<run_id>/manifest-r<R>.json  rank R's writer (pid, host, heartbeat, status) + live segments
-<store>/runs/<run_id>/<table>/r<R>-<kind><seq>.parquet   append-only Parquet segments (temp name + os.replace)
+<store>/runs/<run_id>/<table>/r<R>-<seq>-L<level>.parquet   append-only Parquet segments (temp name + os.replace)
 ```
 """
 
