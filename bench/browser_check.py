@@ -61,14 +61,14 @@ def diagnose(page) -> str:
 
 
 def check_pages(base_url: str, shot_dir: str | Path | None = None, pages: dict[str, str] | None = None,
-                query: str = "", timeout_ms: int = 60_000) -> list[PageResult]:
+                query: str = "", timeout_ms: int = 60_000, height: int = 1000) -> list[PageResult]:
     from playwright.sync_api import sync_playwright
 
     results = []
     with sync_playwright() as p:
         browser = launch(p)
         try:
-            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+            ctx = browser.new_context(viewport={"width": 1400, "height": height})
             page = ctx.new_page()
             for name, path in (pages or PAGES).items():
                 url = f"{base_url.rstrip('/')}/{path}{query}"

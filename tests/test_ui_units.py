@@ -216,3 +216,13 @@ def test_tracker_feeds_only_new_steps_and_matches_a_full_replay():
     # a shorter table (re-import) resets instead of mixing histories
     again = tr.update(df.iloc[:50])
     assert again.phase_by_step.equals(phases.detect(df.iloc[:50]).phase_by_step)
+
+
+def test_phase_timeline_rows_phase_on_top_signals_in_alert_order():
+    bands = pd.DataFrame({"phase": ["healthy", "decay"], "start": [0, 10], "end": [10, 30]})
+    alerts = pd.DataFrame({"step": [5, 12, 12, 20], "phase": ["healthy", "decay", "decay", "decay"],
+                           "severity": ["info", "warning", "info", "info"],
+                           "signal": ["ll_correct_mean", "phase", "entropy", "ll_correct_mean"],
+                           "value": 0.0, "threshold": 0.0, "message": "m"})
+    fig = figures.phase_timeline_figure(bands, alerts, None)
+    assert list(fig.layout.yaxis.categoryarray) == ["entropy", "ll_correct_mean", "phase"]  # bottom -> top

@@ -263,7 +263,9 @@ def phase_timeline_figure(bands: pd.DataFrame, alerts: pd.DataFrame | None = Non
         ))
     n_rows = 1
     if alerts is not None and len(alerts):
-        signals_ = list(dict.fromkeys(alerts.sort_values("step")["signal"].astype(str)))
+        # phase-change alerts (signal "phase") sit on the phase row itself; the other signals get a row each,
+        # in the order they first alerted (top = first)
+        signals_ = [x for x in dict.fromkeys(alerts.sort_values("step")["signal"].astype(str)) if x != "phase"]
         n_rows += len(signals_)
         fig.add_trace(go.Scatter(
             x=alerts["step"], y=alerts["signal"].astype(str), mode="markers", name="alerts",
