@@ -171,3 +171,17 @@ def test_rank_above_zero_cannot_write_steps(tmp_path):
     w.finish()
     with pytest.raises(StoreError, match="mode"):
         RunWriter.create(tmp_path / "s", "r", "fast")
+
+
+def test_lost_store_json_says_how_to_recover(tmp_path):
+    store = tmp_path / "s"
+    rid = _one_run(store)
+    (store / "store.json").unlink()
+    before = _snapshot(store)
+    with pytest.raises(NotAStoreError, match="recreate"):
+        open_store_reader(store)
+    with pytest.raises(NotAStoreError, match="recreate"):
+        RunWriter.create(store, "x", "vanilla")
+    assert _snapshot(store) == before
+    (store / "store.json").write_text(json.dumps({"format": "lld-monitor-store", "schema_version": 1}))
+    assert open_store_reader(store).run(rid)["steps"] == 5

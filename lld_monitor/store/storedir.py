@@ -30,6 +30,12 @@ def inspect_store(path: str | os.PathLike) -> tuple[Path, int | None]:
         )
     meta_path = p / layout.STORE_FILE
     if not meta_path.exists():
+        if (p / layout.RUNS_DIR).is_dir() and any((p / layout.RUNS_DIR).glob(f"*/{layout.RUN_FILE}")):
+            raise NotAStoreError(
+                f"{p} holds run folders but no {layout.STORE_FILE} (lost?). If it is an lld-monitor store, recreate "
+                f'{p / layout.STORE_FILE} with {{"format": "{layout.STORE_FORMAT}", "schema_version": {SCHEMA_VERSION}}}; '
+                "nothing was changed."
+            )
         if any(e for e in p.iterdir() if not e.name.startswith(".")):
             raise NotAStoreError(
                 f"{p} is not an lld-monitor store (no {layout.STORE_FILE}, and the folder holds other files). "
