@@ -96,7 +96,7 @@ def test_twin_pairing_ignores_only_mode_and_regularizer_keys():
     runs = _runs(
         ("v", "vanilla", {**base, "mode": "vanilla", "run_name": "v"}),
         ("other_lr", "llds", {**base, "lr": 3e-5, "mode": "llds", "llds": {"lam": 0.2}}),
-        ("twin", "llds", {**base, "mode": "llds", "llds": {"lam": 0.2, "gate": "action"}, "run_name": "t"}),
+        ("twin", "llds", {**base, "mode": "llds", "llds": {"lam": 0.2, "gate": "action"}, "run_name": "t", "steps": 300}),
         ("ma", "llds_ma", {**base, "mode": "llds_ma", "llds": {"lam": 0.2, "answer_weight": 0.5}}),
         ("v2", "vanilla", {**base, "mode": "vanilla"}),
     )

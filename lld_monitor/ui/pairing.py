@@ -14,6 +14,8 @@ PAIR_KEYS = {
     "v_base", "gate", "llds_gate", "llds_norm", "use_llds", "llds", "llds_ma",
 }
 IDENTITY_KEYS = {"name", "run_name", "run_id", "store", "store_path", "output_dir", "out_dir", "log_dir", "wandb_run"}
+# how long / where a run ran, not how it learns: a 200-step run is still the twin of a 300-step one
+EXECUTION_KEYS = {"steps", "max_steps", "total_steps", "total_training_steps", "device", "threads", "num_threads"}
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -26,7 +28,7 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def comparable_config(config: str | dict | None) -> dict[str, Any]:
-    """The flattened config without pairing / identity keys (and without any `llds*` sub-tree)."""
+    """The flattened config without pairing, identity and execution keys (and without any `llds*` sub-tree)."""
     if config is None or (isinstance(config, float) and pd.isna(config)):
         return {}
     if isinstance(config, str):
@@ -39,7 +41,8 @@ def comparable_config(config: str | dict | None) -> dict[str, Any]:
     out = {}
     for key, value in _flatten(config).items():
         parts = [p.lower() for p in key.split(".")]
-        if parts[-1] in PAIR_KEYS or parts[-1] in IDENTITY_KEYS or any(p.startswith("llds") for p in parts):
+        if (parts[-1] in PAIR_KEYS or parts[-1] in IDENTITY_KEYS or parts[-1] in EXECUTION_KEYS
+                or any(p.startswith("llds") for p in parts)):
             continue
         out[key] = value
     return out
