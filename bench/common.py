@@ -27,15 +27,16 @@ class Figure:
     goal: str = ""  # e.g. "ratio >= 5"
     met: bool | None = None  # whether the goal is met, when a goal is stated
     reps: int = 0
+    higher_is_better: bool = False  # rows/s: True; seconds, bytes: False
     notes: str = ""
     extra: dict = field(default_factory=dict)
 
     @property
     def ratio(self) -> float | None:
-        """baseline / ours: how many times cheaper (or faster) ours is; > 1 means ours wins for costs."""
-        if self.baseline is None or not self.ours:
+        """How many times better ours is than the baseline (> 1: ours wins), whichever way "better" points."""
+        if self.baseline is None or not self.ours or not self.baseline:
             return None
-        return self.baseline / self.ours
+        return self.ours / self.baseline if self.higher_is_better else self.baseline / self.ours
 
     def as_dict(self) -> dict:
         d = asdict(self)
