@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, _term)
+    # Ctrl-C must stop the demo even when started from a shell that ignores SIGINT for background jobs
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     children: list[tuple[str, subprocess.Popen]] = []
     server = None
     try:
@@ -163,3 +165,4 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             serve.stop_server(server)
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)

@@ -111,6 +111,12 @@ def run(args: argparse.Namespace) -> int:
     store = args.store or default_dashboard_store()
     if not Path(store).exists():
         log.warning("no store at %s yet; the dashboard will say so until a run writes there", store)
+
+    def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop the server, then exit
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, _term)
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the shell ignored SIGINT
     proc = start_server(store, args.host, args.port)
     try:
         if wait_ready(args.host, args.port, proc=proc):
@@ -122,3 +128,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         stop_server(proc)
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
