@@ -52,9 +52,10 @@ def test_prepare_store_copies_samples_and_refuses_a_used_folder(tmp_path):
     empty = demo.prepare_store(str(tmp_path / "none"), samples=tmp_path / "no-samples")
     with open_store_reader(empty) as r:
         assert r.runs().empty
-    cmd = demo.trainer_command("llds", fresh, 7, 3)
+    cmd = demo.trainer_command("llds", fresh, 7, 3, "cfg.json")
     assert cmd[cmd.index("--mode") + 1] == "llds" and cmd[cmd.index("--steps") + 1] == "7"
-    assert cmd[cmd.index("--store") + 1] == str(fresh)
+    assert cmd[cmd.index("--store") + 1] == str(fresh) and cmd[cmd.index("--config") + 1] == "cfg.json"
+    assert "--steps" not in demo.trainer_command("vanilla", fresh, None, 0)
 
 
 @pytest.mark.slow

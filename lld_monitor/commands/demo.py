@@ -25,12 +25,17 @@ log = logging.getLogger(__name__)
 
 HELP = "copy the sample runs into a fresh store, train a vanilla and an LLDS run live, and open the dashboard on it"
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
+# the backend's config that drives the tiny model into the spiral within a couple of hundred steps
+SPIRAL_CONFIG = Path(__file__).resolve().parents[2] / "scripts" / "spiral_config.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None,
                    help="demo store folder; must not exist yet or be empty (default: a fresh temporary folder)")
-    p.add_argument("--steps", type=int, default=200, help="GRPO steps of each live run (default 200)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="GRPO steps of each live run (default: the config's, 160 in scripts/spiral_config.json)")
+    p.add_argument("--config", default=None,
+                   help="trainer config file (default: scripts/spiral_config.json, tuned so the vanilla run spirals)")
     p.add_argument("--seed", type=int, default=0, help="seed of both live runs (default 0)")
     p.add_argument("--modes", default="vanilla,llds", help="live runs to start, comma-separated (default vanilla,llds)")
     p.add_argument("--no-train", action="store_true", help="only the sample runs, no live training")
@@ -59,9 +64,14 @@ def prepare_store(store: str | None, samples: Path = SAMPLE_RUNS) -> Path:
     return path
 
 
-def trainer_command(mode: str, store: Path, steps: int, seed: int) -> list[str]:
-    return [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--store", str(store),
-            "--steps", str(steps), "--seed", str(seed), "--run-name", f"demo-{mode}-seed{seed}", "--no-progress"]
+def trainer_command(mode: str, store: Path, steps: int | None, seed: int, config: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--store", str(store),
+           "--seed", str(seed), "--run-name", f"demo-{mode}-seed{seed}", "--no-progress"]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    return cmd
 
 
 def _first_step_logged(store: Path) -> bool:
@@ -78,18 +88,24 @@ def _first_step_logged(store: Path) -> bool:
 
 
 def _stop(proc: subprocess.Popen, name: str, timeout: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    log.info("stopping %s (pid %d)", name, proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        log.warning("%s did not stop in %.0f s; killing it", name, timeout)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    """SIGINT first (the trainer finishes its step and closes a readable, finished run), then SIGTERM
+    (the run ends as crashed, data up to its last flush kept), then SIGKILL."""
+    for sig_, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+        if proc.poll() is not None:
+            return
+        if sig_ is signal.SIGINT:
+            log.info("stopping %s (pid %d)", name, proc.pid)
+        else:
+            log.warning("%s did not stop; sending %s", name, sig_.name)
+        try:
+            os.killpg(proc.pid, sig_)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     except (FileExistsError, OSError) as e:
         print(f"lld-monitor demo: {e}", file=sys.stderr)
         return 2
+    config = args.config
+    if config is None and SPIRAL_CONFIG.exists():
+        config = str(SPIRAL_CONFIG)
     logs = store.with_name(store.name + "-logs")
     logs.mkdir(exist_ok=True)
     log.info("demo store: %s (trainer logs in %s)", store, logs)
@@ -122,11 +141,12 @@ def run(args: argparse.Namespace) -> int:
         def start_next() -> None:
             mode = pending.pop(0)
             out = open(logs / f"train-{mode}.log", "wb")
-            p = subprocess.Popen(trainer_command(mode, store, args.steps, args.seed), stdout=out,
+            p = subprocess.Popen(trainer_command(mode, store, args.steps, args.seed, config), stdout=out,
                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
             out.close()
             children.append((f"trainer {mode}", p))
-            log.info("started %s training (pid %d, %d steps)", mode, p.pid, args.steps)
+            log.info("started %s training (pid %d, %s steps, config %s)", mode, p.pid,
+                     args.steps if args.steps is not None else "the config's", config or "default")
 
         if pending:
             start_next()
