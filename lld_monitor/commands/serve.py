@@ -59,6 +59,17 @@ def streamlit_command(host: str, port: int) -> list[str]:
     ]
 
 
+def _die_with_parent() -> None:
+    """In the Streamlit child (Linux): get SIGTERM when the process that started it dies, even by SIGKILL,
+    so a killed `lld-monitor serve` leaves no orphan server holding the port and serving the runs."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501,
                  quiet: bool = False) -> subprocess.Popen:
     """Start the dashboard server as a child process (its own process group) showing `store`."""
@@ -71,7 +82,7 @@ def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 
     env[STORE_ENV] = str(Path(store).expanduser().resolve())
     out = subprocess.DEVNULL if quiet else None
     return subprocess.Popen(streamlit_command(host, port), env=env, cwd=str(APP.parent), stdout=out, stderr=out,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
 
 def wait_ready(host: str, port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> bool:

@@ -248,13 +248,32 @@ class StoreReader:
                 out[rid] = self._remember_counts(files, row)
         if todo:
             all_files = [f for fs in todo.values() for f in fs]
-            rows = self._con.execute(
-                "SELECT run_id, count(DISTINCT step), max(step) FROM read_parquet(?) GROUP BY run_id", [all_files]
-            ).fetchall()
+            try:
+                rows = self._con.execute(
+                    "SELECT run_id, count(DISTINCT step), max(step) FROM read_parquet(?) GROUP BY run_id", [all_files]
+                ).fetchall()
+            except duckdb.Error:
+                if not all(os.path.exists(f) for f in all_files):
+                    raise  # a segment merged away under us: _retry re-plans on fresh manifests
+                rows = self._count_each(todo)  # a damaged segment: count run by run, so only its run is hit
             found = {r[0]: r[1:] for r in rows}
             for rid, files in todo.items():
                 out[rid] = self._remember_counts(files, found.get(rid, (0, None)))
         return out
+
+    def _count_each(self, todo: dict[str, list[str]]) -> list[tuple]:
+        """Per-run counts; a run whose (present) steps segments cannot be read is listed with 0 steps and a
+        warning instead of failing the whole run list (reading that run says what is wrong)."""
+        rows = []
+        for rid, files in todo.items():
+            try:
+                row = self._con.execute("SELECT count(DISTINCT step), max(step) FROM read_parquet(?)", [files]).fetchall()[0]
+                rows.append((rid, *row))
+            except duckdb.Error as e:
+                if not all(os.path.exists(f) for f in files):
+                    raise
+                log.warning("run %s: its steps segments could not be read (%s); listed with 0 steps", rid, e)
+        return rows
 
     def _remember_counts(self, files: list[str], row: Any) -> tuple[int, int | None]:
         val = (int(row[0]), None if row[1] is None else int(row[1]))
