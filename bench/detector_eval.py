@@ -5,8 +5,8 @@ collapse on collapsing runs, false warnings on the others, with all signals and 
     .venv/bin/python bench/detector_eval.py --synthetic 10        # synthetic trajectories (no store needed)
 
 Labels (hindsight, using the whole run; the detector never sees them):
-  collapse step    lld_monitor.detect.reward_collapse_step (the written definition: trailing median of
-                   5 reward points below 0.5 x its running peak for 5 consecutive points)
+  collapse step    lld_monitor.detect.reward_collapse_step (the written definition: trailing mean of
+                   10 reward points below 0.5 x its running peak for 5 consecutive points)
   phase II onset   the step at which the correct-response log-likelihood (ll_correct_mean, centred
                    rolling median of 15 steps) peaked before the collapse step: after it, it only declines
   phase II length  collapse step - phase II onset

@@ -97,13 +97,14 @@ def test_healthy_runs_many_seeds_no_false_warning():
 
 
 def test_reward_collapse_definition_exact_step():
-    # peak 0.6, then drops to 0.2 at step 50; trailing median of 5 drops below 0.3 at step 52
+    # peak 0.6, then 0.2 from step 50; the trailing mean of 10 is 0.6 - 0.04 k after k low points,
+    # below 0.3 from k = 8, i.e. step 57
     r = np.r_[np.full(50, 0.6), np.full(30, 0.2)]
     df = pd.DataFrame({"step": np.arange(80), "reward_mean": r})
-    assert reward_collapse_step(df) == 52
-    assert detect_run(df).collapse_step == 52
+    assert reward_collapse_step(df) == 57
+    assert detect_run(df).collapse_step == 57
     # a dip shorter than collapse_patience is not a collapse
-    r2 = np.r_[np.full(50, 0.6), np.full(4, 0.1), np.full(30, 0.6)]  # smoothed below on 4 points only
+    r2 = np.r_[np.full(50, 0.6), np.full(5, 0.1), np.full(30, 0.6)]  # trailing mean never below 0.3
     assert reward_collapse_step(pd.DataFrame({"step": np.arange(r2.size), "reward_mean": r2})) is None
     # a run that never learned cannot collapse
     r3 = np.r_[np.full(50, 0.04), np.zeros(30)]
@@ -111,11 +112,11 @@ def test_reward_collapse_definition_exact_step():
 
 
 def test_reward_collapse_with_nothing_else_is_critical_at_confirmation():
-    r = np.r_[np.full(50, 0.6), np.full(30, 0.0)]
+    r = np.r_[np.full(50, 0.6), np.full(30, 0.0)]  # trailing mean 0.6 - 0.06 k: below 0.3 from k = 6 (step 55)
     res = detect_run(pd.DataFrame({"step": np.arange(80), "reward_mean": r}))
-    assert res.collapse_step == 52 and res.phase == "collapse"
+    assert res.collapse_step == 55 and res.phase == "collapse"
     crit = [a for a in res.alerts if a.severity == "critical"]
-    assert crit[0].step == 52 + DetectorConfig().collapse_patience - 1
+    assert crit[0].step == 55 + DetectorConfig().collapse_patience - 1
 
 
 def test_hysteresis_no_flicker_and_recovery():

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 @dataclass
 class DetectorConfig:
     # --- warm-up -------------------------------------------------------------------------------
-    warmup_steps: int = 15
+    warmup_steps: int = 20
     """Updates before any phase other than healthy can be entered (also the minimum number of points
     a signal needs before it is used)."""
 
@@ -40,6 +40,10 @@ class DetectorConfig:
     """Points over which persistent negative displacement (delta_preserved < 0) is judged."""
     displacement_neg_frac: float = 0.75
     """Share of the window with delta_preserved < -displacement_eps that counts as persistent displacement."""
+    displacement_contradict_frac: float = 0.3
+    """Where delta_preserved is measured, a likelihood decline is only 'suspected' (info) when fewer than
+    this share of the last `displacement_window` steps had delta_preserved < 0 (the updates raise the
+    preserved responses: the decline of the fresh samples' likelihood is a distribution shift)."""
     displacement_eps: float = 1e-4
     """Dead zone: |delta| below this (nats per token) is numerical noise (e.g. a step with no gradient),
     neither displaced nor gained."""
@@ -67,8 +71,9 @@ class DetectorConfig:
     """Acceleration: the short-window slope is this many times steeper than the long-window slope."""
 
     # --- reward ----------------------------------------------------------------------------------
-    reward_smooth_window: int = 5
-    """Trailing median window (points) of the smoothed training reward."""
+    reward_smooth_window: int = 10
+    """Trailing mean window (points) of the smoothed training reward (10 points: a step's reward over a
+    few prompts is noisy, and the running peak of a shorter smoothing is biased upward by that noise)."""
     collapse_frac: float = 0.5
     """REWARD COLLAPSE: smoothed reward below collapse_frac x its running peak ..."""
     collapse_patience: int = 5

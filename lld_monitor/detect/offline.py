@@ -65,7 +65,7 @@ def alerts_frame(alerts: list[Alert]) -> pd.DataFrame:
 
 def reward_collapse_step(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None) -> int | None:
     """The reward-collapse step of a run by the written definition (see lld_monitor.detect.online):
-    the first step of `collapse_patience` consecutive reward points whose trailing median is below
+    the first step of `collapse_patience` consecutive reward points whose trailing mean is below
     `collapse_frac` x its running peak. None if the run never collapsed. Same computation as the
     online detector's `collapse_step` (it is the same class)."""
     # the reward source is chosen as the online detector chooses it (highest-priority candidate,

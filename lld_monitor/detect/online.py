@@ -13,7 +13,7 @@ Each phase is latched with hysteresis: entered after its condition held `enter_p
 consecutive updates, left after it failed `exit_patience` consecutive updates; the reported phase
 is the highest latched one.
 
-REWARD COLLAPSE (the definition the evaluation uses): let r~ be the trailing median of the last
+REWARD COLLAPSE (the definition the evaluation uses): let r~ be the trailing mean of the last
 `reward_smooth_window` reward points and P its running maximum. The reward has collapsed at step s
 when P >= `collapse_min_peak` and r~ < `collapse_frac` x P on `collapse_patience` consecutive reward
 points starting at s; `collapse_step` = s (known `collapse_patience - 1` points later).
@@ -76,7 +76,7 @@ class _Evidence:
 class _Track:
     """History of one detector signal (finite points only) and its source column."""
 
-    def __init__(self, maxlen: int, smooth_window: int, track_peak: bool = False) -> None:
+    def __init__(self, maxlen: int, smooth_window: int, track_peak: bool = False, peak_after: int = 0) -> None:
         self.steps: deque[int] = deque(maxlen=maxlen)
         self.values: deque[float] = deque(maxlen=maxlen)
         self.source: Candidate | None = None
@@ -84,6 +84,7 @@ class _Track:
         self.n = 0
         self.smooth_window = smooth_window
         self.track_peak = track_peak
+        self.peak_after = peak_after  # the running peak ignores the first points (warm-up transient)
         self.smooth_peak = -math.inf
         self.last_step: int | None = None
 
@@ -98,7 +99,7 @@ class _Track:
         self.values.append(value)
         self.n += 1
         self.last_step = step
-        if self.track_peak and len(self.values) >= self.smooth_window:
+        if self.track_peak and self.n >= max(self.smooth_window, self.peak_after):
             self.smooth_peak = max(self.smooth_peak, self.smoothed())
 
     def smoothed(self) -> float:
@@ -130,7 +131,7 @@ class _RewardCollapse:
         self.window.append(r)
         if len(self.window) < self.window.maxlen:  # type: ignore[operator]
             return False
-        self.smoothed = fast_median(list(self.window))
+        self.smoothed = float(sum(self.window) / len(self.window))
         self.peak = max(self.peak, self.smoothed)
         self.below = self.peak >= self.cfg.collapse_min_peak and self.smoothed < self.cfg.collapse_frac * self.peak
         if self.below:
@@ -189,7 +190,8 @@ class OnlineDetector:
         c = self.cfg
         maxlen = int(max(c.trend_window, c.baseline_window + c.surge_window, c.displacement_window, c.smooth_window)) + 1
         self._tracks: dict[str, _Track] = {
-            s: _Track(maxlen, int(c.smooth_window), track_peak=(s == "ll_correct")) for s in SIGNALS
+            s: _Track(maxlen, int(c.smooth_window), track_peak=(s == "ll_correct"), peak_after=int(c.warmup_steps))
+            for s in SIGNALS
         }
         self._reward = _RewardCollapse(c)
         self._latches = {
@@ -243,7 +245,8 @@ class OnlineDetector:
             )
 
         warm = self._n_updates >= self.cfg.warmup_steps
-        stag_ev, decay_ev, collapse_ev, suspect_ev = self._evaluate(step, out) if warm else (None, [], [], [])
+        stag_ev, decay_ev, collapse_ev, suspect_ev, suspect_decay = (
+            self._evaluate(step, out) if warm else (None, [], [], [], []))
 
         conds = {"stagnation": stag_ev is not None, "decay": bool(decay_ev), "collapse": bool(collapse_ev)}
         if self.collapse_step is not None and self._reward.below:
@@ -251,7 +254,7 @@ class OnlineDetector:
         for lvl, latch in self._latches.items():
             latch.feed(conds[lvl])
         # 'suspected' info alerts: first update of a new run of evidence, before the latch confirms
-        for lvl, evs in (("decay", decay_ev), ("collapse", collapse_ev or suspect_ev)):
+        for lvl, evs in (("decay", decay_ev or suspect_decay), ("collapse", collapse_ev or suspect_ev)):
             latch = self._latches[lvl]
             if evs and not latch.active and not latch.episode_open and self._level(self.phase) < self._level(lvl):
                 latch.episode_open = True
@@ -356,8 +359,9 @@ class OnlineDetector:
         drop = tr.smooth_peak - tr.smoothed() if math.isfinite(tr.smooth_peak) else 0.0
         return tr, t, drop, float(x[-1] - x[0])
 
-    def _surge(self, name: str):
-        """(surge?, spike-now?, recent median, level) for an upward surge of `name`, or None."""
+    def _surge(self, name: str, sign: float = 1.0):
+        """(surge?, spike-now?, recent median, level, hits, baseline median) for a sustained move of `name`
+        away from its baseline, upward (sign=+1) or downward (sign=-1, a plunge), or None."""
         c = self.cfg
         tr = self._tracks[name]
         need = int(c.baseline_min_points + c.surge_window)
@@ -367,9 +371,10 @@ class OnlineDetector:
         base, recent = v[: -int(c.surge_window)], v[-int(c.surge_window):]
         med = fast_median(base)
         sig = robust_sigma(base, floor=c.sigma_floor_rel * abs(med))
-        level = med + max(c.spike_sigma * sig, c.spike_rel * abs(med))
-        hits = int(np.sum(recent > level))
-        return hits >= c.surge_min_count, bool(recent[-1] > level), fast_median(recent), level, hits, med
+        level = med + sign * max(c.spike_sigma * sig, c.spike_rel * abs(med))
+        beyond = (recent > level) if sign > 0 else (recent < level)
+        hits = int(np.sum(beyond))
+        return hits >= c.surge_min_count, bool(beyond[-1]), fast_median(recent), level, hits, med
 
     def _evaluate(self, step: int, out: list[Alert]):
         c = self.cfg
@@ -377,6 +382,7 @@ class OnlineDetector:
         decay_ev: list[_Evidence] = []
         collapse_ev: list[_Evidence] = []
         suspect_ev: list[_Evidence] = []
+        suspect_decay: list[_Evidence] = []
 
         llt = self._ll_trend()
         if llt is not None:
@@ -385,7 +391,20 @@ class OnlineDetector:
             decline = -t.slope * span
             declining = (t.z < c.decay_z and drop > c.decay_drop_sigma * t.sigma
                          and decline >= c.decay_min_decline_sigma * t.sigma)
-            if declining:
+            contradicted = False
+            dtr0 = self._tracks["displacement"]
+            if declining and dtr0.source is not None and len(dtr0.values) >= c.displacement_window:
+                # the likelihood is measured on fresh samples each step, so a cross-step decline can be a
+                # shift of the sampled responses; where the same-token displacement is measured and the
+                # step's updates mostly RAISE preserved responses, the decline is not displacement
+                _, d0 = dtr0.last(int(c.displacement_window))
+                contradicted = float(np.mean(d0 < -c.displacement_eps)) < c.displacement_contradict_frac
+            if declining and contradicted:
+                suspect_decay.append(_Evidence(
+                    lab, t.z, c.decay_z,
+                    f"{lab} declining (trend z={t.z:.2f} over the last {t.n} points) but "
+                    f"{dtr0.source.label} is mostly positive: a shift of the sampled responses, not displacement"))
+            elif declining:
                 decay_ev.append(_Evidence(
                     lab, t.z, c.decay_z,
                     f"{lab} declining: trend z={t.z:.2f} over the last {t.n} points (threshold {c.decay_z:g}), "
@@ -417,20 +436,22 @@ class OnlineDetector:
                     f"{lab} < 0 on {neg:.0%} of the last {d.size} steps (threshold {c.displacement_neg_frac:.0%}): "
                     f"the step's updates keep lowering the likelihood of preserved (A >= 0) responses"))
 
-        decaying = self._latches["decay"].active or bool(decay_ev)
+        decaying = self._latches["decay"].active  # phase III evidence counts only after a confirmed decay
         surges: list[_Evidence] = []
-        for name in ("entropy", "grad_norm", "clip_frac", "ppo_kl"):
-            s = self._surge(name)
+        for name, sign in (("ll_correct", -1.0), ("entropy", 1.0), ("grad_norm", 1.0), ("clip_frac", 1.0),
+                           ("ppo_kl", 1.0)):
+            s = self._surge(name, sign)
             if s is None:
                 continue
             surge, spike_now, recent_med, level, hits, med = s
             lab = self._tracks[name].source.label  # type: ignore[union-attr]
             if surge:
+                what, rel = ("plunge", "below") if sign < 0 else ("surge", "above")
                 surges.append(_Evidence(
                     lab, recent_med, level,
-                    f"{lab} surge: {hits} of the last {c.surge_window} points above {_fmt(level)} "
+                    f"{lab} {what}: {hits} of the last {c.surge_window} points {rel} {_fmt(level)} "
                     f"(baseline median {_fmt(med)}), recent median {_fmt(recent_med)}"))
-            elif spike_now and hits == 1 and self._cooled("spike:" + name):
+            elif sign > 0 and spike_now and hits == 1 and self._cooled("spike:" + name):
                 v = self._tracks[name].values[-1]
                 self._emit(out, step, "info", lab, v, level,
                            f"isolated {lab} spike {_fmt(v)} (level {_fmt(level)}, baseline median {_fmt(med)}); "
@@ -452,4 +473,4 @@ class OnlineDetector:
             lab = self._tracks["reward"].source.label  # type: ignore[union-attr]
             collapse_ev.append(_Evidence(lab, rc.smoothed, c.collapse_frac * rc.peak,
                                          f"reward collapsed since step {self.collapse_step}"))
-        return stag_ev, decay_ev, collapse_ev, suspect_ev
+        return stag_ev, decay_ev, collapse_ev, suspect_ev, suspect_decay
