@@ -12,6 +12,8 @@ Labels (hindsight, using the whole run; the detector never sees them):
   phase II length  collapse step - phase II onset
 Goal per collapsing run: first alert of severity >= warning at least 20 steps AND at least a quarter of
 its phase II length before the collapse step. Goal per non-collapsing run: no alert >= warning.
+"LLD warn" = the first alert >= warning raised by a non-reward signal (likelihood, displacement, entropy,
+grad norm, ratios): the by-mode summary says whether that signature separates vanilla from LLDS runs.
 
 Variants per run:
   full      every column of the run (our token-derived signals included)
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lld_monitor.detect import DetectorConfig, detect_run, reward_collapse_step
+from lld_monitor.detect import SIGNAL_CANDIDATES, DetectorConfig, detect_run, reward_collapse_step
 from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral, to_verl
 
 DEFAULT_STORE = "/work/experiments/spiral_store"
@@ -63,6 +65,8 @@ class Row:
     first_warning: int | None
     first_critical: int | None
     warning_signal: str | None
+    first_leading_warning: int | None  # first alert >= warning raised by a non-reward signal
+    leading_signal: str | None
     lead: int | None
     need: float | None
     goal_met: bool
@@ -109,6 +113,9 @@ def evaluate(name: str, mode: str, variant: str, sig: pd.DataFrame, collapse: in
         return hits[0] if hits else None
 
     info, warn, crit = first(("info",)), first(("warning", "critical")), first(("critical",))
+    reward_cols = {c.label for c in SIGNAL_CANDIDATES["reward"]}
+    lw = [a for a in res.alerts if a.severity in ("warning", "critical") and a.signal not in reward_cols]
+    lw0 = lw[0] if lw else None
     lead = need = None
     if collapse is not None:
         need = float(max(LEAD_MIN_STEPS, LEAD_MIN_FRAC_PHASE2 * (collapse - onset) if onset is not None else 0))
@@ -120,6 +127,7 @@ def evaluate(name: str, mode: str, variant: str, sig: pd.DataFrame, collapse: in
         run=name, mode=mode, variant=variant, steps=int(len(sig)), collapse_step=collapse, phase2_onset=onset,
         first_info=None if info is None else info.step, first_warning=None if warn is None else warn.step,
         first_critical=None if crit is None else crit.step, warning_signal=None if warn is None else warn.signal,
+        first_leading_warning=None if lw0 is None else lw0.step, leading_signal=None if lw0 is None else lw0.signal,
         lead=lead, need=need, goal_met=bool(goal),
         n_severe=sum(a.severity in ("warning", "critical") for a in res.alerts), final_phase=res.phase,
     )
@@ -156,14 +164,15 @@ def _fmt(v) -> str:
 
 def print_table(rows: list[Row]) -> None:
     hdr = f"{'run':<28} {'mode':<8} {'variant':<8} {'steps':>5} {'collapse':>8} {'II-on':>5} {'1st info':>8} " \
-          f"{'1st warn':>8} {'1st crit':>8} {'lead':>5} {'need':>5} {'goal':>4}  warned by"
+          f"{'1st warn':>8} {'1st crit':>8} {'lead':>5} {'need':>5} {'goal':>4} {'LLD warn':>8}  warned by"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r.run[:28]:<28} {r.mode[:8]:<8} {r.variant:<8} {r.steps:>5} {_fmt(r.collapse_step):>8} "
               f"{_fmt(r.phase2_onset):>5} {_fmt(r.first_info):>8} {_fmt(r.first_warning):>8} "
-              f"{_fmt(r.first_critical):>8} {_fmt(r.lead):>5} {_fmt(r.need):>5} {'yes' if r.goal_met else 'NO':>4}  "
-              f"{r.warning_signal or ''}")
+              f"{_fmt(r.first_critical):>8} {_fmt(r.lead):>5} {_fmt(r.need):>5} {'yes' if r.goal_met else 'NO':>4} "
+              f"{_fmt(r.first_leading_warning):>8}  {r.warning_signal or ''}"
+              f"{'' if r.leading_signal in (None, r.warning_signal) else ' / LLD: ' + r.leading_signal}")
 
 
 def summarize(rows: list[Row]) -> dict:
@@ -184,6 +193,12 @@ def summarize(rows: list[Row]) -> dict:
             "non_collapsing_runs": len(non),
             "runs_with_false_warnings": sum(r.n_severe > 0 for r in non),
             "false_warning_alerts": sum(r.n_severe for r in non),
+            # by mode: does the LLD signature (a warning from a non-reward signal) separate the arms?
+            "vanilla_runs": sum(r.mode == "vanilla" for r in rs),
+            "vanilla_with_lld_warning": sum(r.mode == "vanilla" and r.first_leading_warning is not None for r in rs),
+            "regularized_runs": sum(r.mode in ("llds", "llds_ma") for r in rs),
+            "regularized_with_lld_warning": sum(r.mode in ("llds", "llds_ma") and r.first_leading_warning is not None
+                                                for r in rs),
         }
     return out
 
@@ -245,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
               f"lead median {_fmt(s['lead_median'])} min {_fmt(s['lead_min'])} steps | non-collapsing runs "
               f"{s['non_collapsing_runs']}: with false warnings {s['runs_with_false_warnings']} "
               f"({s['false_warning_alerts']} alerts)")
+        print(f"[{variant}] by mode: LLD-signal warnings (>= warning, non-reward signal) on vanilla runs "
+              f"{s['vanilla_with_lld_warning']}/{s['vanilla_runs']}, on LLDS / LLDS-MA runs "
+              f"{s['regularized_with_lld_warning']}/{s['regularized_runs']}")
     us = time_detector(frames, cfg)
     print(f"detector cost: {us:.0f} us/step (median of 5 replays of the longest run, {max(map(len, frames))} steps)")
     if args.json:
