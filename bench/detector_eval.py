@@ -133,7 +133,7 @@ def evaluate(name: str, mode: str, variant: str, sig: pd.DataFrame, collapse: in
     )
 
 
-def load_store(path: str, only: list[str] | None):
+def load_store(path: str, only: list[str] | None, seen: set[str] | None = None):
     from lld_monitor.store import open_store_reader
 
     r = open_store_reader(path)
@@ -142,6 +142,10 @@ def load_store(path: str, only: list[str] | None):
         for rec in runs.to_dict("records"):
             if only and rec["name"] not in only and rec["run_id"] not in only:
                 continue
+            if seen is not None:  # the same run copied into two stores is evaluated once
+                if rec["run_id"] in seen:
+                    continue
+                seen.add(rec["run_id"])
             sig = r.signals(rec["run_id"])
             if sig.empty:
                 continue
@@ -228,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = DetectorConfig.from_dict(json.loads(Path(args.config).read_text())) if args.config else DetectorConfig()
 
     sources = []
+    seen: set[str] = set()
     stores = args.store or ([] if args.synthetic else [DEFAULT_STORE])
     for st in stores:
         if not Path(st).exists():
             print(f"detector_eval: no store at {st}", file=sys.stderr)
             return 2
-        sources.append(load_store(st, args.run))
+        sources.append(load_store(st, args.run, seen))
     if args.synthetic:
         sources.append(load_synthetic(args.synthetic))
 
