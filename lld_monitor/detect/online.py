@@ -252,7 +252,12 @@ class OnlineDetector:
         if self.collapse_step is not None and self._reward.below:
             conds["collapse"] = True
         for lvl, latch in self._latches.items():
-            latch.feed(conds[lvl])
+            entered, _ = latch.feed(conds[lvl])
+            if entered and lvl == "decay" and self.phase == "collapse" and decay_ev:
+                # the phase stays collapse, but a post-mortem needs to see the displacement evidence too
+                e = decay_ev[0]
+                self._emit(out, step, "warning", e.signal, e.value, e.threshold,
+                           f"phase II (likelihood decay) condition now also holds: {e.message}")
         # 'suspected' info alerts: first update of a new run of evidence, before the latch confirms
         for lvl, evs in (("decay", decay_ev or suspect_decay), ("collapse", collapse_ev or suspect_ev)):
             latch = self._latches[lvl]
