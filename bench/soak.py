@@ -190,6 +190,8 @@ def soak(seconds: float, store: str | None = None, poll_s: float = 0.2, sample_s
         row = {"t": time.monotonic() - t0, "step": state["step"], "closing": state["closing"]}
         for tag, p in (("trainer", ptr), ("reader", prd)):
             try:
+                if p.status() == psutil.STATUS_ZOMBIE:  # exited, not reaped yet: nothing to measure
+                    continue
                 row[f"{tag}_rss_mib"] = p.memory_info().rss / 2**20
                 row[f"{tag}_fds"] = p.num_fds()
             except psutil.Error:

@@ -308,13 +308,16 @@ class RunWriter:
         pending_rows = 0
         with pq.ParquetWriter(tmp, sch, compression=self.cfg.compression) as pw:
             for s in segs:
-                part = conform(pq.read_table(tdir / s["file"]), sch)
-                pending.append(part)
-                pending_rows += part.num_rows
-                if pending_rows >= self.cfg.merge_row_group_rows:
-                    pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
-                    rows += pending_rows
-                    pending, pending_rows = [], 0
+                # batch by batch, never a whole segment: a merged segment can hold millions of rows
+                with pq.ParquetFile(tdir / s["file"]) as pf:
+                    for batch in pf.iter_batches(batch_size=self.cfg.merge_row_group_rows):
+                        part = conform(pa.Table.from_batches([batch]), sch)
+                        pending.append(part)
+                        pending_rows += part.num_rows
+                        if pending_rows >= self.cfg.merge_row_group_rows:
+                            pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
+                            rows += pending_rows
+                            pending, pending_rows = [], 0
             if pending:
                 pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
                 rows += pending_rows
