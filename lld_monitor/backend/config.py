@@ -24,7 +24,7 @@ MODES = ("vanilla", "llds", "llds-ma")
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    lr: float = 2e-3
+    lr: float = 3e-4  # 2e-3 destroys the warm start in one step (measured); see docs/backend.md
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
