@@ -172,7 +172,7 @@ class Trainer:
         t0 = time.perf_counter()
         picked = self._prompts(step)
         rows = [(i, q) for i, q in picked for _ in range(g.group_size)]
-        gen = torch.Generator().manual_seed((cfg.seed * 7919 + step) * 131 + self.dist.rank)
+        gen = torch.Generator(device=self.device).manual_seed((cfg.seed * 7919 + step) * 131 + self.dist.rank)
         ro = rollout(self.model, self.tok, [format_prompt(q.question, cfg.env) for _, q in rows], self.retriever, cfg.env, gen)
         t_gen = time.perf_counter() - t0
         rewards = torch.tensor([em_reward(t, q.answers) for t, (_, q) in zip(ro.response_texts, rows)], dtype=torch.float32)
