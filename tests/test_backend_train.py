@@ -199,3 +199,22 @@ def test_ctrl_c_leaves_a_finished_readable_run(tmp_path, tiny_config):
     assert 3 <= int(run.steps) < 500
     assert len(r.samples("sigint-run")) == int(run.steps) * 12
     r.close()
+
+
+@pytest.mark.slow
+def test_model_path_trains_a_local_hf_model(tmp_path, tiny_config):
+    from lld_monitor.backend.config import load_config
+    from lld_monitor.backend.sft import warmstart
+    from lld_monitor.cli import main
+    from lld_monitor.store import open_store_reader
+
+    cfg = load_config(tiny_config)
+    _, _, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env)  # a plain HF model directory
+    store = tmp_path / "store"
+    assert main(["train", "--model", str(ckpt), "--steps", "1", "--store", str(store), "--config", str(tiny_config),
+                 "--no-progress"]) == 0
+    r = open_store_reader(store)
+    assert r.runs().model[0] == str(ckpt)
+    assert len(r.samples(r.runs().run_id[0])) == 12
+    r.close()
+    assert main(["train", "--model", str(tmp_path / "nope"), "--steps", "1", "--store", str(store)]) == 2
