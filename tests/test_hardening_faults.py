@@ -109,6 +109,8 @@ def test_sigkill_writer_at_random_points_20_times(tmp_path):
         fresh.close()
         results.append((delay, flushed, len(steps)))
     shared.close()
+    print("kills (delay s, last step reported flushed, steps stored):",
+          [(round(d, 2), f, n) for d, f, n in results])
     # killed before any flush at least once and after many: the random points covered both ends
     assert any(f < 0 for _, f, _ in results) or min(d for d, _, _ in results) < 0.2
     assert max(f for _, f, _ in results) >= 10
