@@ -27,9 +27,12 @@ log = logging.getLogger("bench")
 SUITES: dict[str, tuple[str, dict, dict]] = {
     "logging": ("bench.logging_vs_wandb", {"steps": 30}, {"steps": 8}),
     "ingest": ("bench.suites", {"steps": 100, "reps": 3}, {"steps": 20, "reps": 1}),
+    "queries": ("bench.suites", {"sizes_m": (1, 10), "reps": 5}, {"sizes_m": (1,), "reps": 2}),
+    "end-to-end": ("bench.suites", {"steps": 5, "reps": 2}, {"steps": 2, "reps": 1}),
+    "lld": ("bench.suites", {"reps": 7}, {"reps": 2}),
 }
 # groups whose run function is not called `run`
-ENTRY = {"ingest": "ingest"}
+ENTRY = {"ingest": "ingest", "queries": "queries", "end-to-end": "end_to_end", "lld": "lld_overhead"}
 
 
 def fmt(x: float | None) -> str:
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help=f"comma-separated groups out of: {', '.join(SUITES)}")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes (a smoke run)")
     p.add_argument("--out", default="bench/results", help="folder for bench.json and bench.md")
+    p.add_argument("--sizes", default="", help="queries group: store sizes in millions of token rows, e.g. 1,10,100")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     groups = [g for g in (args.only.split(",") if args.only else SUITES) if g]
@@ -77,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         module, full, quick = SUITES[g]
         t0 = time.perf_counter()
         fn = getattr(importlib.import_module(module), ENTRY.get(g, "run"))
-        figs.extend(fn(**(quick if args.quick else full)))
+        kwargs = dict(quick if args.quick else full)
+        if g == "queries" and args.sizes:
+            kwargs["sizes_m"] = tuple(int(x) for x in args.sizes.split(","))
+        figs.extend(fn(**kwargs))
         log.info("%s done in %.1f s", g, time.perf_counter() - t0)
     md = to_markdown(figs, meta)
     print(md)

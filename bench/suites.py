@@ -41,3 +41,98 @@ def ingest(steps: int = 100, reps: int = 3) -> list[Figure]:
         Figure("ingest", f"log_step latency, {lb.N} samples x {lb.T} tokens, in a loop with a 50 ms step",
                statistics.median(lat), "ms", reps=reps, notes=f"p95 {statistics.median(lat95):.2f} ms"),
     ]
+
+
+def queries(sizes_m: tuple[int, ...] = (1, 10), reps: int = 5, root: str = "/tmp/lld_bench_stores") -> list[Figure]:
+    """The dashboard's data functions on generated stores of 1M / 10M (/ 100M) token rows.
+
+    Each store holds a vanilla run with tokens on every step (20 samples x 250 tokens = 5,000 token rows
+    per step, so 1M rows = 200 steps) and its LLDS twin without tokens, written through RunWriter.
+    The baseline of each row is the same function on the smallest store, measured in the same run, so
+    "ours better by" < 1 shows how the time grows with the store (1.0 = flat).
+    """
+    from pathlib import Path
+
+    from bench import dashboard_queries as dq
+
+    timings: dict[int, dict[str, float]] = {}
+    for m in sorted(sizes_m):
+        store = Path(root) / f"tokens_{m}M"
+        dq.build(store, steps=m * 200)
+        timings[m] = dq.page_timings(store, reps)
+    smallest = min(timings)
+    figs = []
+    for m, t in timings.items():
+        for name, ms in t.items():
+            if name.startswith("  "):
+                continue  # the breakdown rows stay in the script's own output
+            goal = dq.GOALS_MS.get(name)
+            figs.append(Figure(
+                "queries", f"{name} @ {m}M token rows", ms, "ms",
+                baseline=timings[smallest][name] if m != smallest else None,
+                baseline_name=f"same function @ {smallest}M token rows" if m != smallest else "",
+                goal=f"< {goal:.0f} ms" if goal and m == 10 else "", met=(ms < goal) if goal and m == 10 else None,
+                reps=reps,
+            ))
+    return figs
+
+
+def end_to_end(steps: int = 5, reps: int = 2) -> list[Figure]:
+    """Backend seconds per step, default config, token logging on vs off (same seed, same episodes)."""
+    import tempfile
+    from dataclasses import replace
+
+    from bench.backend_step import time_steps
+    from lld_monitor.backend.config import TrainConfig
+
+    base = TrainConfig()
+    on = replace(base, log=replace(base.log, token_every=1))
+    off = replace(base, log=replace(base.log, token_every=0))
+    res: dict[str, list] = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory() as d:
+        for rep in range(reps):
+            order = (("off", off), ("on", on)) if rep % 2 == 0 else (("on", on), ("off", off))
+            for label, cfg in order:
+                res[label] += time_steps(cfg, d, f"bench-{label}-{rep}", steps)
+    figs = []
+    for i, what in ((0, "wall"), (1, "process CPU")):
+        m_on = statistics.median(t[i] for t in res["on"])
+        m_off = statistics.median(t[i] for t in res["off"])
+        figs.append(Figure(
+            "end-to-end", f"backend step ({what} s), default config, token logging on vs off", m_on, "s",
+            baseline=m_off, baseline_name="same step, token logging off", goal="on/off <= 1.03",
+            met=m_on / m_off <= 1.03, reps=len(res["on"]),
+            notes=f"{base.grpo.prompts_per_step} prompts x {base.grpo.group_size} rollouts",
+        ))
+    return figs
+
+
+def lld_overhead(reps: int = 7) -> list[Figure]:
+    """The LLDS term's cost on a GRPO forward+backward (bench/lld_overhead.py, run in a subprocess)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "lld.json"
+        subprocess.run([sys.executable, "bench/lld_overhead.py", "--reps", str(reps), "--json", str(out)],
+                       check=True, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL)
+        data = json.loads(out.read_text())
+    return _lld_figures(data, reps)
+
+
+def _lld_figures(data: dict, reps: int) -> list[Figure]:
+    cpu = data["median_cpu_s"]
+    figs = []
+    for k in cpu:
+        if k == "vanilla":
+            continue
+        figs.append(Figure(
+            "lld", f"GRPO forward+backward with the {k} term (process CPU)", cpu[k], "s", baseline=cpu["vanilla"],
+            baseline_name="same step, plain GRPO loss", reps=reps,
+            notes=f"{data['model']}; paired ratio {data['paired_ratio_cpu_vs_vanilla'][k]:.3f}; the term alone "
+                  f"{data['term_only_median_cpu_ms'][k]:.2f} ms = {100 * data['term_only_over_vanilla_cpu'][k]:.2f}% of the step",
+        ))
+    return figs

@@ -15,6 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", default="", help="comma-separated groups (see `python -m bench --help`)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions, smaller sizes")
     p.add_argument("--out", default="bench/results", help="folder for bench.json / bench.md")
+    p.add_argument("--sizes", default="", help="queries group: store sizes in millions of token rows, e.g. 1,10,100")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,4 +24,5 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cmd = [sys.executable, "-m", "bench", "--out", args.out] + (["--only", args.only] if args.only else [])
     cmd += ["--quick"] if args.quick else []
+    cmd += ["--sizes", args.sizes] if args.sizes else []
     return subprocess.call(cmd, cwd=REPO)
