@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # the detector logs each alert as it raises it; `detect` prints them all anyway, and for the
+        # other commands (train, demo) warnings and critical alerts are enough on the console
+        level = logging.ERROR if args.command == "detect" else logging.WARNING
+        logging.getLogger("lld_monitor.detect").setLevel(level)
     if args.command is None:
         parser.print_help()
         return 2
