@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import subprocess
@@ -13,18 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lld_monitor.detect import Alert
+
 N_STEPS = 12
 
 
-@dataclasses.dataclass
-class FakeAlert:  # the shape of lld_monitor.detect.Alert (== schema.ALERTS minus run_id)
-    step: int
-    phase: str
-    severity: str
-    signal: str
-    value: float
-    threshold: float
-    message: str
 
 
 def write(root: str, store: str) -> None:
@@ -48,7 +40,7 @@ def write(root: str, store: str) -> None:
                          "logp_new_sum": rng.normal(size=n) - 5, "n_action_tokens": np.full(n, 10)},
             )
         log.flush()
-    WandbExporter(run).log_alerts([FakeAlert(11, "decay", "critical", "grad_norm", 9.0, 5.0, "grad norm spike")])
+    WandbExporter(run).log_alerts([Alert(11, "decay", "critical", "grad_norm", 9.0, 5.0, "grad norm spike")])
     run.finish()
 
 

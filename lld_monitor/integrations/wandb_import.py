@@ -295,17 +295,22 @@ def import_online(
     runs: list[Any] = []
     missing: list[str] = []
     failed: dict[str, str] = {}
+
+    def skip(rid: str, exc: Exception, gone: str, broken: str) -> None:
+        """A run that is gone goes to `missing`, any other error to `failed`; the import goes on."""
+        if is_not_found(exc):
+            log.warning("run %s/%s %s: skipped", path, rid, gone)
+            missing.append(rid)
+        else:
+            failed[rid] = f"{type(exc).__name__}: {exc}"
+            log.error("run %s/%s %s: %s", path, rid, broken, failed[rid])
+
     if run_ids:
         for rid in run_ids:
             try:
                 runs.append(with_retries(lambda rid=rid: api.run(f"{path}/{rid}"), f"run {rid}", policy))
             except Exception as exc:  # noqa: BLE001
-                if is_not_found(exc):
-                    log.warning("run %s/%s not found (deleted, or a wrong id): skipped", path, rid)
-                    missing.append(rid)
-                else:
-                    failed[rid] = f"{type(exc).__name__}: {exc}"
-                    log.error("run %s/%s could not be read: %s", path, rid, failed[rid])
+                skip(rid, exc, "not found (deleted, or a wrong id)", "could not be read")
     else:
         listing = with_retries(lambda: api.runs(path, per_page=per_page), f"runs of {path}", policy)
         it = iter(listing)
@@ -333,12 +338,7 @@ def import_online(
             imported.append(res)
             log.info("imported %s (%d rows, %.0f rows/s) as %s", rid, res.rows, res.rows_per_s, res.run_id)
         except Exception as exc:  # noqa: BLE001
-            if is_not_found(exc):
-                log.warning("run %s/%s disappeared during the import (deleted?): skipped", path, rid)
-                missing.append(rid)
-            else:
-                failed[rid] = f"{type(exc).__name__}: {exc}"
-                log.error("run %s/%s failed to import: %s", path, rid, failed[rid])
+            skip(rid, exc, "disappeared during the import (deleted?)", "failed to import")
     return OnlineReport(imported=imported, missing=missing, failed=failed, retries=len(retries))
 
 
