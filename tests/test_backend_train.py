@@ -77,6 +77,10 @@ def test_short_training_run_fills_every_table(tmp_path, tiny_config, mode):
     act = tok[tok.role != "tool"]
     assert act.logp_old.notna().all() and (act.logp_old <= 0).all()
     assert r.token_steps(rid) == [0, 1, 2]
+    # token texts read as in the response (words separated), so the token inspector can lay them side by side
+    first = tok[tok.sample_idx == tok.sample_idx.iloc[0]].sort_values("position")
+    assert first.token_text.str.startswith(" ").all()
+    assert "".join(first.token_text).strip() == " ".join(t.strip() for t in first.token_text)
     # token logging is sampled to 2 groups of 3
     assert tok.sample_idx.nunique() <= 6
     r.close()

@@ -74,6 +74,29 @@ def sequence_logprobs(model, input_ids, attention_mask, prompt_width: int, tempe
     return lld.logprobs_and_entropy(resp_logits, targets, temperature)
 
 
+def token_texts(tok) -> list[str]:
+    """Each token id's text as it reads inside a response, leading space included, for the token inspector.
+
+    A word-level vocabulary (the built-in world's) holds whole words, so each reads as " word". For
+    other vocabularies, decoding an id after an anchor token and dropping the anchor's text gives
+    " word" for byte-level BPE and "ing" for a continuation piece. `convert_ids_to_tokens` alone gives
+    raw pieces ("word", "Ġword") that run together or show markers.
+    """
+    n = len(tok)
+    special = set(tok.all_special_ids)
+    pieces = tok.convert_ids_to_tokens(list(range(n)))
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None and type(backend.model).__name__ == "WordLevel":
+        return [p if i in special else " " + p for i, p in enumerate(pieces)]
+    anchor = next(i for i in range(n) if i not in special)
+    head = tok.decode([anchor])
+    out = []
+    for i in range(n):
+        text = tok.decode([anchor, i])
+        out.append(pieces[i] if i in special else (text[len(head):] if text.startswith(head) else tok.decode([i])))
+    return out
+
+
 class Trainer:
     """Builds everything from a TrainConfig; `train()` runs the steps and returns the run id."""
 
@@ -387,9 +410,8 @@ class Trainer:
             run_id = holder[0]
         le = self.cfg.log
         mode = {"vanilla": "vanilla", "llds": "llds", "llds-ma": "llds_ma"}[self.cfg.mode]
-        vocab = None
         try:
-            vocab = self.tok.convert_ids_to_tokens(list(range(len(self.tok))))
+            vocab = token_texts(self.tok)
         except Exception:  # noqa: BLE001 - token texts are a nicety
             vocab = None
         detector = None
