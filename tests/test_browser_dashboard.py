@@ -20,18 +20,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench import browser_check as bc  # noqa: E402
 from bench.synth_store import write_pair  # noqa: E402
+from _net import free_port
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not Path(bc.CHROMIUM).exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"),
 ]
 MIN_CHARTS = {"live": 1, "compare": 1, "tokens": 2, "postmortem": 1}  # default run: the live one (no collapse yet)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:
@@ -48,7 +43,7 @@ def served(tmp_path_factory):
          "--steps", "400", "--flush-every", "1", "--step-sleep", "0.3", "--token-every", "10"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "serve", "--store", str(store), "--port", str(port)],
                              cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     from lld_monitor.commands.serve import wait_ready

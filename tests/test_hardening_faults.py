@@ -14,7 +14,6 @@ import random
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench.soak import payload  # noqa: E402
 from lld_monitor.store import NotAStoreError, RunWriter, StoreError, WriterConfig, open_store_reader  # noqa: E402
 from lld_monitor.store import layout  # noqa: E402
+from _net import free_port
 
 N_SAMPLES, N_TOKENS = 20, 64
 
@@ -122,14 +122,6 @@ def test_sigkill_writer_at_random_points_20_times(tmp_path):
 
 
 # ----------------------------------------------------------------------------- SIGKILL of the dashboard
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _writer_script(store: Path, steps: int, sleep: float) -> list[str]:
     code = (
         "import sys, time, numpy as np\n"
@@ -155,7 +147,7 @@ def test_sigkill_of_the_dashboard_leaves_the_writer_alone(tmp_path):
     store = tmp_path / "store"
     writer = subprocess.Popen(_writer_script(store, 60, 0.1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=ROOT)
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "serve", "--store", str(store), "--port", str(port)],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server_procs: list[psutil.Process] = []
@@ -199,7 +191,7 @@ def test_sigkill_of_the_streamlit_server_leaves_the_writer_alone(tmp_path):
     store = tmp_path / "store"
     writer = subprocess.Popen(_writer_script(store, 50, 0.1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=ROOT)
-    port = _free_port()
+    port = free_port()
     while not (store / "store.json").exists():
         time.sleep(0.1)
         assert writer.poll() is None, writer.stderr.read()

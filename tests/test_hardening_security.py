@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+
+from _net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,14 +39,6 @@ FAKE_KEY = "f4k3" + "0123456789abcdef" * 2 + "c0ff"  # 40 characters, like a rea
 assert len(FAKE_KEY) == 40
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lld_monitor.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
@@ -57,7 +50,7 @@ def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.
 def test_serve_binds_loopback_by_default_and_warns_when_wider(tmp_path):
     from lld_monitor.commands.serve import wait_ready
 
-    port = _free_port()
+    port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "serve", "--store", str(tmp_path), "--port", str(port)],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -72,7 +65,7 @@ def test_serve_binds_loopback_by_default_and_warns_when_wider(tmp_path):
         out = p.communicate(timeout=30)[0]
     assert "anyone who can reach" not in out
     # bound wider: a warning before anything else (the server is stopped as soon as it is said)
-    port2 = _free_port()
+    port2 = free_port()
     p = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "serve", "--store", str(tmp_path), "--host", "0.0.0.0",
                           "--port", str(port2)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

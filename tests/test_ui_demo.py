@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,10 @@ import psutil
 import pytest
 
 from lld_monitor.commands import demo
+from _net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(port: int, timeout: float = 90) -> bool:
@@ -61,7 +55,7 @@ def test_prepare_store_copies_samples_and_refuses_a_used_folder(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_demo_serves_and_ctrl_c_stops_trainer_and_server(tmp_path):
-    port = _free_port()
+    port = free_port()
     store = tmp_path / "demo"
     proc = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "demo", "--store", str(store), "--port", str(port),
                              "--steps", "2"], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
