@@ -123,13 +123,22 @@ def run(args: argparse.Namespace) -> int:
     if not Path(store).exists():
         log.warning("no store at %s yet; the dashboard will say so until a run writes there", store)
 
-    def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop the server, then exit
+    state = {"started": False, "pending": False}
+
+    def _stop(signum, frame):  # SIGTERM behaves like Ctrl-C (installed even if the shell ignored SIGINT)
+        if not state["started"]:
+            # the server is being started: stop it as soon as it exists, so no orphan keeps the port
+            state["pending"] = True
+            return
         raise KeyboardInterrupt
 
-    old_term = signal.signal(signal.SIGTERM, _term)
-    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the shell ignored SIGINT
+    old_term = signal.signal(signal.SIGTERM, _stop)
+    old_int = signal.signal(signal.SIGINT, _stop)
     proc = start_server(store, args.host, args.port)
+    state["started"] = True
     try:
+        if state["pending"]:
+            raise KeyboardInterrupt
         if wait_ready(args.host, args.port, proc=proc):
             shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
             log.info("dashboard on http://%s:%d  (store: %s)  Ctrl-C stops it", shown, args.port, store)
