@@ -103,6 +103,7 @@ logger = logging.getLogger(__name__)
 
 GATES = ("action", "response", "token")
 NORMS = ("response", "token_mean")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 BETA_RULES = ("paper", "code")
 SINGLETON_RULES = ("zero", "verl")
 
@@ -502,6 +503,14 @@ def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / m.sum().clamp(min=1)
 
 
+def _seq_mean_token_mean(x: Tensor, m: Tensor) -> Tensor:
+    """Mean over rows with ≥ 1 masked token of each row's masked token mean."""
+    n = m.sum(dim=1)
+    per_row = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=1) / n.clamp(min=1)
+    has = n > 0
+    return torch.where(has, per_row, torch.zeros_like(per_row)).sum() / has.sum().clamp(min=1)
+
+
 def ppo_clip_loss(
     logp: Tensor,
     logp_old: Tensor,
@@ -510,8 +519,15 @@ def ppo_clip_loss(
     clip_eps: float = 0.2,
     logp_ref: Tensor | None = None,
     kl_coef: float = 0.0,
+    agg: str = "token_mean",
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate, token mean over all action tokens of the batch, plus kl_coef · k3 KL.
+    """PPO clipped surrogate plus kl_coef · k3 KL, aggregated over action tokens by ``agg``:
+
+    - "token_mean" (verl / Search-R1): Σ over all action tokens of the batch / their number;
+    - "seq_mean_token_mean" (DeepSeekMath's GRPO, TRL's loss_type="grpo"): each response's token
+      mean, then the mean over responses with ≥ 1 action token. A token of a short response then
+      weighs more than one of a long response, so identical tokens shared by a short wrong and a
+      long correct response no longer cancel.
 
     Returns (loss, {"pg_loss", "clip_frac", "kl", "ratio_mean", "approx_kl"}); "kl" is the token-mean
     k3 KL to ``logp_ref`` (0 without a reference). Off-mask values (tool tokens, padding) are ignored.
@@ -521,6 +537,9 @@ def ppo_clip_loss(
     m = _as_bool_mask("action_mask", action_mask, logp)
     if not (clip_eps > 0):
         raise ValueError(f"clip_eps must be > 0, got {clip_eps}")
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"agg must be one of {LOSS_AGGS}, got {agg!r}")
+    reduce = _masked_mean if agg == "token_mean" else _seq_mean_token_mean
     b = logp.shape[0]
     adv = advantages
     if isinstance(adv, Tensor) and adv.dim() == 2:
@@ -535,14 +554,14 @@ def ppo_clip_loss(
     ratio = torch.exp(log_ratio.clamp(_LOG_RATIO_MIN, _LOG_RATIO_MAX))
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-    pg_loss = _masked_mean(torch.maximum(pg1, pg2), m)
+    pg_loss = reduce(torch.maximum(pg1, pg2), m)
     loss = pg_loss
     kl_val = 0.0
     if logp_ref is not None:
         _check_2d("logp_ref", logp_ref, logp)
         kl_log = torch.where(m, logp_ref.detach().float() - logp.float(), zero)
         k3 = (torch.exp(kl_log) - kl_log - 1.0).clamp(-_K3_CLAMP, _K3_CLAMP)
-        kl = _masked_mean(k3, m)
+        kl = reduce(k3, m)
         kl_val = float(kl.detach())
         if kl_coef:
             loss = loss + kl_coef * kl

@@ -29,6 +29,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--config", default=str(CONFIG), help="training config (default scripts/spiral_config.json)")
+    ap.add_argument("--steps", type=int, default=None, help="override the config's steps")
     ap.add_argument("--copy-from", default=None, help="a store whose finished runs are copied in first (e.g. sample_runs)")
     args = ap.parse_args()
     store = Path(args.store)
@@ -51,7 +53,9 @@ def main() -> int:
             mode, seed = todo.pop(0)
             rid = f"spiral-{mode}-seed{seed}"
             cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--seed", str(seed), "--store", str(store),
-                   "--run-name", f"{mode}-seed{seed}", "--run-id", rid, "--config", str(CONFIG), "--threads", "1", "--no-progress"]
+                   "--run-name", f"{mode}-seed{seed}", "--run-id", rid, "--config", args.config, "--threads", "1", "--no-progress"]
+            if args.steps:
+                cmd += ["--steps", str(args.steps)]
             out = open(logs / f"{rid}.log", "w")
             p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
             running.append((p, rid, time.time()))

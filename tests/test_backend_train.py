@@ -103,6 +103,32 @@ def test_training_is_reproducible(tmp_path, tiny_config):
     assert out[0].equals(out[1])
 
 
+@pytest.mark.slow
+def test_lr_warmup_and_seq_mean_loss_are_used(tmp_path, tiny_config):
+    """grpo.warmup_steps ramps the logged lr linearly (verl's schedule); loss_agg trains end to end."""
+    from lld_monitor.cli import main
+    from lld_monitor.store import open_store_reader
+
+    cfg = json.loads(tiny_config.read_text())
+    cfg["grpo"].update({"lr": 0.001, "warmup_steps": 4, "loss_agg": "seq_mean_token_mean"})
+    p = tmp_path / "warm.json"
+    p.write_text(json.dumps(cfg))
+    store = tmp_path / "store"
+    assert main(["train", "--steps", "5", "--seed", "2", "--store", str(store), "--config", str(p), "--no-progress"]) == 0
+    r = open_store_reader(store)
+    steps = r.steps(r.runs().run_id[0]).sort_values("step")
+    assert steps["lr"].tolist() == pytest.approx([0.00025, 0.0005, 0.00075, 0.001, 0.001])
+    r.close()
+
+
+@pytest.mark.parametrize("bad", [{"loss_agg": "sum"}, {"warmup_steps": -1}])
+def test_bad_grpo_settings_are_clear_errors(bad):
+    from lld_monitor.backend.config import config_from_dict
+
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        config_from_dict({"grpo": bad})
+
+
 def test_bad_config_is_a_clear_error(tmp_path, capsys):
     from lld_monitor.cli import main
 
@@ -164,6 +190,15 @@ def test_default_warmstart_is_shipped():
     from lld_monitor.backend.sft import ASSETS, cache_key
 
     c = TrainConfig()
+    assert (ASSETS / cache_key(c.world, c.model, c.sft, c.env) / "model.safetensors").is_file()
+
+
+def test_spiral_config_warmstart_is_shipped():
+    """The demo and scripts/make_sample_runs.py train scripts/spiral_config.json: its warm start ships too."""
+    from lld_monitor.backend.config import load_config
+    from lld_monitor.backend.sft import ASSETS, cache_key
+
+    c = load_config(ROOT / "scripts" / "spiral_config.json")
     assert (ASSETS / cache_key(c.world, c.model, c.sft, c.env) / "model.safetensors").is_file()
 
 

@@ -237,3 +237,25 @@ def test_chunked_no_grad_path_matches_full(monkeypatch):
     x = logits.float().requires_grad_(True)
     token_logprobs(x, targets).sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+def test_ppo_seq_mean_token_mean_by_hand():
+    # Row 0: a long correct response (Â=+1, 3 action tokens), row 1: a short wrong one (Â=−1, 1 token),
+    # row 2: only tool tokens (left out of the mean). All ratios 1 (no clipping).
+    #   token_mean:          (−1 −1 −1 + 1)/4            = −0.5
+    #   seq_mean_token_mean: ((−1 −1 −1)/3 + (1)/1) / 2  =  0.0
+    # Gradients of the shared first token: token_mean −Â/4 each row; seq-mean −Â/(2·|o_i|): row 0
+    # −1/6, row 1 +1/2 — the short wrong response's copy weighs 3× the long correct one's.
+    logp = torch.full((3, 3), -1.0, requires_grad=True)
+    mask = torch.tensor([[True, True, True], [True, False, False], [False, False, False]])
+    adv = torch.tensor([1.0, -1.0, 0.5])
+    lt, _ = ppo_clip_loss(logp, logp.detach(), adv, mask)
+    assert lt.item() == pytest.approx(-0.5, abs=1e-6)
+    ls, st = ppo_clip_loss(logp, logp.detach(), adv, mask, agg="seq_mean_token_mean")
+    assert ls.item() == pytest.approx(0.0, abs=1e-6) and st["pg_loss"] == pytest.approx(0.0, abs=1e-6)
+    ls.backward()
+    assert logp.grad[0, 0].item() == pytest.approx(-1 / 6, abs=1e-6)
+    assert logp.grad[1, 0].item() == pytest.approx(0.5, abs=1e-6)
+    assert logp.grad[2].abs().sum().item() == 0.0 and logp.grad[1, 1:].abs().sum().item() == 0.0
+    with pytest.raises(ValueError, match="agg"):
+        ppo_clip_loss(logp, logp.detach(), adv, mask, agg="sum")

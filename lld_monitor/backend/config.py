@@ -27,12 +27,13 @@ class GRPOConfig:
     lr: float = 3e-4  # 2e-3 destroys the warm start in one step (measured); see docs/backend.md
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # linear lr warm-up over this many GRPO steps, then constant (verl)
     prompts_per_step: int = 8
     group_size: int = 5  # G rollouts per prompt
     num_minibatches: int = 4  # optimizer updates per step per epoch (pi_before != pi_after)
     ppo_epochs: int = 1
     clip_eps: float = 0.2
+    loss_agg: str = "token_mean"  # token_mean (verl) | seq_mean_token_mean (DeepSeekMath GRPO, TRL "grpo")
     kl_coef: float = 0.0  # k3 KL to the frozen reference; 0 = no KL term (the reference is still logged)
     entropy_coef: float = 0.0  # entropy bonus (verl's entropy_coeff)
     grad_clip: float = 1.0
@@ -83,6 +84,10 @@ class TrainConfig:
             raise ValueError("steps must be >= 0")
         g = self.grpo
         n = g.prompts_per_step * g.group_size
+        if g.loss_agg not in ("token_mean", "seq_mean_token_mean"):
+            raise ValueError(f"grpo.loss_agg must be token_mean or seq_mean_token_mean, got {g.loss_agg!r}")
+        if g.warmup_steps < 0:
+            raise ValueError("grpo.warmup_steps must be >= 0")
         if g.group_size < 2:
             raise ValueError("grpo.group_size must be >= 2 (group advantages need a group)")
         if g.num_minibatches < 1 or n % g.num_minibatches:

@@ -153,6 +153,10 @@ class Trainer:
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         g = cfg.grpo
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
+        # verl's schedule: linear warm-up over `warmup_steps` GRPO steps, then constant
+        # (Search-R1's official GRPO run warms up over 286 of its 1005 steps)
+        warm = max(0, g.warmup_steps)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         self.open_ids = self.tok.encode("<answer>", add_special_tokens=False)
         self.close_ids = self.tok.encode("</answer>", add_special_tokens=False)
         self.llds_cfg = self._llds_config()
@@ -236,7 +240,7 @@ class Trainer:
                 lo = logp_old[sl, :width]
                 lr_ = logp_ref[sl, :width] if logp_ref is not None else None
                 logp, ent = sequence_logprobs(self.ddp, x, a, P, temp)
-                loss, st = lld.ppo_clip_loss(logp, lo, adv_d[sl], m, g.clip_eps, logp_ref=lr_, kl_coef=g.kl_coef)
+                loss, st = lld.ppo_clip_loss(logp, lo, adv_d[sl], m, g.clip_eps, logp_ref=lr_, kl_coef=g.kl_coef, agg=g.loss_agg)
                 ent_mean = (ent * m).sum() / m.sum().clamp(min=1)
                 if g.entropy_coef:
                     loss = loss - g.entropy_coef * ent_mean
@@ -265,6 +269,8 @@ class Trainer:
                 upd["llds_loss"].append(llds_val)
                 upd["entropy"].append(float(ent_mean.detach()))
                 upd["loss"].append(float(loss.detach()))
+        lr_step = self.opt.param_groups[0]["lr"]
+        self.sched.step()
         t_upd = time.perf_counter() - t0 - t_gen - t_ref
         with torch.no_grad():
             logp_new, _ = sequence_logprobs(self.model, ids, am, P, temp)
@@ -272,10 +278,11 @@ class Trainer:
         summary = lld.displacement_summary(stats, adv_d)
         step_time = time.perf_counter() - t0
         return self._log_payload(step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
-                                 ent_old, stats, summary, upd, vs_mean, dict(step=step_time, gen=t_gen, ref=t_ref, update_actor=t_upd))
+                                 ent_old, stats, summary, upd, vs_mean, dict(step=step_time, gen=t_gen, ref=t_ref, update_actor=t_upd),
+                                 lr_step)
 
     def _log_payload(self, step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
-                     ent_old, stats, summary, upd, vs_mean, timing) -> dict:
+                     ent_old, stats, summary, upd, vs_mean, timing, lr_now) -> dict:
         import numpy as np
         import torch
 
@@ -287,7 +294,6 @@ class Trainer:
         n_tok_all = actf.sum().clamp(min=1)
         lo_m = torch.where(act, logp_old, torch.zeros_like(logp_old))
         pos_mask = (adv >= 0).to(act.device).unsqueeze(1)
-        lr_now = self.opt.param_groups[0]["lr"]
         ent_action = float((ent_old * actf).sum() / n_tok_all)
         ansf = ans.float()
         answer_prob = float((torch.exp(logp_old) * ansf).sum() / ansf.sum()) if ansf.sum() > 0 else float("nan")
