@@ -1,5 +1,5 @@
-"""Regenerate `sample_runs/` with the CLI: one vanilla run that collapses and the LLDS and LLDS-MA runs
-of the same settings and seed.
+"""Regenerate `sample_runs/` with the CLI: the vanilla, LLDS and LLDS-MA runs of scripts/spiral_config.json,
+same settings and seed (what they show: docs/backend.md, "The spiral experiment").
 
     .venv/bin/python scripts/make_sample_runs.py            # rebuild sample_runs/ (replaces it)
     .venv/bin/python scripts/make_sample_runs.py --check    # rebuild into a temp store and compare

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None,
                    help="demo store folder; must not exist yet or be empty (default: a fresh temporary folder)")
     p.add_argument("--steps", type=int, default=None,
-                   help="GRPO steps of each live run (default: the config's, 160 in scripts/spiral_config.json)")
+                   help="GRPO steps of each live run (default: the config's, 210 in scripts/spiral_config.json)")
     p.add_argument("--config", default=None,
                    help="trainer config file (default: scripts/spiral_config.json, tuned so the vanilla run spirals)")
     p.add_argument("--seed", type=int, default=0, help="seed of both live runs (default 0)")
