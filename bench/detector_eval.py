@@ -10,6 +10,9 @@ Labels (hindsight, using the whole run; the detector never sees them):
   phase II onset   the step at which the correct-response log-likelihood (ll_correct_mean, centred
                    rolling median of 15 steps) peaked before the collapse step: after it, it only declines
   phase II length  collapse step - phase II onset
+  decline step     the same definition with 0.8 instead of 0.5 (the smoothed reward 20 % below its running
+                   peak for 5 points): the first visible reward decline, reported for every run, also
+                   for runs that decline without collapsing ("lead to decline" = decline - first warning)
 Goal per collapsing run: first alert of severity >= warning at least 20 steps AND at least a quarter of
 its phase II length before the collapse step. Goal per non-collapsing run: no alert >= warning.
 "LLD warn" = the first alert >= warning raised by a non-reward signal (likelihood, displacement, entropy,
@@ -30,7 +33,7 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +63,7 @@ class Row:
     variant: str
     steps: int
     collapse_step: int | None
+    decline_step: int | None
     phase2_onset: int | None
     first_info: int | None
     first_warning: int | None
@@ -68,6 +72,7 @@ class Row:
     first_leading_warning: int | None  # first alert >= warning raised by a non-reward signal
     leading_signal: str | None
     lead: int | None
+    lead_decline: int | None
     need: float | None
     goal_met: bool
     n_severe: int
@@ -104,8 +109,13 @@ def scalar_only(sig: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.Da
     return out
 
 
+def decline_step(sig: pd.DataFrame, cfg: DetectorConfig) -> int | None:
+    """First step of a 20 % reward decline: the collapse definition with collapse_frac = 0.8."""
+    return reward_collapse_step(sig, replace(cfg, collapse_frac=0.8))
+
+
 def evaluate(name: str, mode: str, variant: str, sig: pd.DataFrame, collapse: int | None, onset: int | None,
-             cfg: DetectorConfig) -> Row:
+             cfg: DetectorConfig, decline: int | None = None) -> Row:
     res = detect_run(sig, cfg)
 
     def first(sev: tuple[str, ...]):
@@ -124,11 +134,13 @@ def evaluate(name: str, mode: str, variant: str, sig: pd.DataFrame, collapse: in
     else:
         goal = warn is None
     return Row(
-        run=name, mode=mode, variant=variant, steps=int(len(sig)), collapse_step=collapse, phase2_onset=onset,
+        run=name, mode=mode, variant=variant, steps=int(len(sig)), collapse_step=collapse, decline_step=decline,
+        phase2_onset=onset,
         first_info=None if info is None else info.step, first_warning=None if warn is None else warn.step,
         first_critical=None if crit is None else crit.step, warning_signal=None if warn is None else warn.signal,
         first_leading_warning=None if lw0 is None else lw0.step, leading_signal=None if lw0 is None else lw0.signal,
-        lead=lead, need=need, goal_met=bool(goal),
+        lead=lead, lead_decline=None if (warn is None or decline is None) else int(decline - warn.step),
+        need=need, goal_met=bool(goal),
         n_severe=sum(a.severity in ("warning", "critical") for a in res.alerts), final_phase=res.phase,
     )
 
@@ -167,15 +179,16 @@ def _fmt(v) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    hdr = f"{'run':<28} {'mode':<8} {'variant':<8} {'steps':>5} {'collapse':>8} {'II-on':>5} {'1st info':>8} " \
-          f"{'1st warn':>8} {'1st crit':>8} {'lead':>5} {'need':>5} {'goal':>4} {'LLD warn':>8}  warned by"
+    hdr = f"{'run':<28} {'mode':<8} {'variant':<8} {'steps':>5} {'collapse':>8} {'decline':>7} {'II-on':>5} " \
+          f"{'1st info':>8} {'1st warn':>8} {'1st crit':>8} {'lead':>5} {'need':>5} {'goal':>4} {'lead-dec':>8} " \
+          f"{'LLD warn':>8}  warned by"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r.run[:28]:<28} {r.mode[:8]:<8} {r.variant:<8} {r.steps:>5} {_fmt(r.collapse_step):>8} "
-              f"{_fmt(r.phase2_onset):>5} {_fmt(r.first_info):>8} {_fmt(r.first_warning):>8} "
+              f"{_fmt(r.decline_step):>7} {_fmt(r.phase2_onset):>5} {_fmt(r.first_info):>8} {_fmt(r.first_warning):>8} "
               f"{_fmt(r.first_critical):>8} {_fmt(r.lead):>5} {_fmt(r.need):>5} {'yes' if r.goal_met else 'NO':>4} "
-              f"{_fmt(r.first_leading_warning):>8}  {r.warning_signal or ''}"
+              f"{_fmt(r.lead_decline):>8} {_fmt(r.first_leading_warning):>8}  {r.warning_signal or ''}"
               f"{'' if r.leading_signal in (None, r.warning_signal) else ' / LLD: ' + r.leading_signal}")
 
 
@@ -203,6 +216,11 @@ def summarize(rows: list[Row]) -> dict:
             "regularized_runs": sum(r.mode in ("llds", "llds_ma") for r in rs),
             "regularized_with_lld_warning": sum(r.mode in ("llds", "llds_ma") and r.first_leading_warning is not None
                                                 for r in rs),
+            # runs whose reward declined by 20 % (with or without collapsing): warned before the decline?
+            "declining_runs": sum(r.decline_step is not None for r in rs),
+            "warned_before_decline": sum(r.lead_decline is not None and r.lead_decline > 0 for r in rs),
+            "lead_decline_median": statistics.median(ld) if (ld := [r.lead_decline for r in rs
+                                                                    if r.lead_decline is not None]) else None,
         }
     return out
 
@@ -247,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     for src in sources:
         for name, mode, sig, samples in src:
             collapse = reward_collapse_step(sig, cfg)
+            decline = decline_step(sig, cfg)
             onset = phase2_onset(sig, collapse)
             frames.append(sig)
-            rows.append(evaluate(name, mode, "full", sig, collapse, onset, cfg))
+            rows.append(evaluate(name, mode, "full", sig, collapse, onset, cfg, decline))
             sc = scalar_only(sig, samples) if not name.startswith("synthetic-") else to_verl(sig)
-            rows.append(evaluate(name, mode, "scalars", sc, collapse, onset, cfg))
+            rows.append(evaluate(name, mode, "scalars", sc, collapse, onset, cfg, decline))
     if not rows:
         print("detector_eval: no runs to evaluate", file=sys.stderr)
         return 2
@@ -265,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
               f"lead median {_fmt(s['lead_median'])} min {_fmt(s['lead_min'])} steps | non-collapsing runs "
               f"{s['non_collapsing_runs']}: with false warnings {s['runs_with_false_warnings']} "
               f"({s['false_warning_alerts']} alerts)")
+        print(f"[{variant}] runs whose reward declined 20 %: {s['declining_runs']}, warned before the decline "
+              f"{s['warned_before_decline']}, lead to decline median {_fmt(s['lead_decline_median'])} steps")
         print(f"[{variant}] by mode: LLD-signal warnings (>= warning, non-reward signal) on vanilla runs "
               f"{s['vanilla_with_lld_warning']}/{s['vanilla_runs']}, on LLDS / LLDS-MA runs "
               f"{s['regularized_with_lld_warning']}/{s['regularized_runs']}")
