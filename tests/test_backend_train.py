@@ -129,6 +129,13 @@ def test_bad_grpo_settings_are_clear_errors(bad):
         config_from_dict({"grpo": bad})
 
 
+def test_config_loss_aggs_are_lld_s():
+    from lld_monitor import lld
+    from lld_monitor.backend import config
+
+    assert config.LOSS_AGGS == lld.LOSS_AGGS
+
+
 def test_bad_config_is_a_clear_error(tmp_path, capsys):
     from lld_monitor.cli import main
 
@@ -185,20 +192,14 @@ def test_warmstart_cache_key_covers_what_changes_the_checkpoint():
         assert other != k
 
 
-def test_default_warmstart_is_shipped():
-    from lld_monitor.backend.config import TrainConfig
-    from lld_monitor.backend.sft import ASSETS, cache_key
-
-    c = TrainConfig()
-    assert (ASSETS / cache_key(c.world, c.model, c.sft, c.env) / "model.safetensors").is_file()
-
-
-def test_spiral_config_warmstart_is_shipped():
-    """The demo and scripts/make_sample_runs.py train scripts/spiral_config.json: its warm start ships too."""
+@pytest.mark.parametrize("config", [None, ROOT / "scripts" / "spiral_config.json"], ids=["default", "spiral"])
+def test_warmstart_is_shipped(config):
+    """The default config's warm start ships, and so does scripts/spiral_config.json's (the demo and
+    scripts/make_sample_runs.py train it), so both start training at once."""
     from lld_monitor.backend.config import load_config
     from lld_monitor.backend.sft import ASSETS, cache_key
 
-    c = load_config(ROOT / "scripts" / "spiral_config.json")
+    c = load_config(config)
     assert (ASSETS / cache_key(c.world, c.model, c.sft, c.env) / "model.safetensors").is_file()
 
 

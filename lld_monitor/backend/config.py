@@ -20,6 +20,8 @@ from .sft import SFTConfig
 from .world import WorldConfig
 
 MODES = ("vanilla", "llds", "llds-ma")
+# lld.LOSS_AGGS, repeated so that checking a config does not import torch (a test pins the two equal)
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,8 @@ class TrainConfig:
             raise ValueError("steps must be >= 0")
         g = self.grpo
         n = g.prompts_per_step * g.group_size
-        if g.loss_agg not in ("token_mean", "seq_mean_token_mean"):
-            raise ValueError(f"grpo.loss_agg must be token_mean or seq_mean_token_mean, got {g.loss_agg!r}")
+        if g.loss_agg not in LOSS_AGGS:
+            raise ValueError(f"grpo.loss_agg must be one of {LOSS_AGGS}, got {g.loss_agg!r}")
         if g.warmup_steps < 0:
             raise ValueError("grpo.warmup_steps must be >= 0")
         if g.group_size < 2:

@@ -155,7 +155,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
         # verl's schedule: linear warm-up over `warmup_steps` GRPO steps, then constant
         # (Search-R1's official GRPO run warms up over 286 of its 1005 steps)
-        warm = max(0, g.warmup_steps)
+        warm = g.warmup_steps  # >= 0, checked by TrainConfig
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         self.open_ids = self.tok.encode("<answer>", add_special_tokens=False)
         self.close_ids = self.tok.encode("</answer>", add_special_tokens=False)
