@@ -17,8 +17,6 @@ from lld_monitor.detect import Alert
 N_STEPS = 12
 
 
-
-
 def write(root: str, store: str) -> None:
     """Subprocess: a training loop that logs to the store and, through RunLogger, to W&B (offline)."""
     import wandb
