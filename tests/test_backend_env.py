@@ -170,7 +170,7 @@ class _ScriptedLM:
     def train(self, mode=True):
         return self
 
-    def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
+    def __call__(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True):
         import torch
 
         n = input_ids.shape[0]
@@ -187,7 +187,7 @@ class _ScriptedLM:
 
         o = Out()
         o.logits = logits
-        o.past_key_values = None
+        o.cache = None
         self.last_pred = logits
         return o
 

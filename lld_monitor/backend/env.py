@@ -161,7 +161,7 @@ def rollout(model, tokenizer, prompts: Sequence[str], retriever: Retriever, cfg:
     pos = (am.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=prompt.to(device), attention_mask=am, position_ids=pos, use_cache=True)
-        cache = out.past_key_values
+        cache = out.cache
         logits = out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
         t = 0
@@ -227,9 +227,9 @@ def rollout(model, tokenizer, prompts: Sequence[str], retriever: Retriever, cfg:
             inp = torch.tensor(nxt, dtype=torch.long, device=device).unsqueeze(-1)
             am = torch.cat([am, torch.tensor(live, dtype=torch.long, device=device).unsqueeze(-1)], dim=-1)
             out = model(
-                input_ids=inp, attention_mask=am, position_ids=next_pos.unsqueeze(-1), past_key_values=cache, use_cache=True
+                input_ids=inp, attention_mask=am, position_ids=next_pos.unsqueeze(-1), cache=cache, use_cache=True
             )
-            cache = out.past_key_values
+            cache = out.cache
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
     if was_training:
