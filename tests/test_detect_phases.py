@@ -153,3 +153,39 @@ def test_autocorrelated_noise_healthy_no_warning_spiral_still_warned():
         assert first(res.alerts) is None, (seed, [a.message for a in res.alerts if a.severity != "info"])
         res = detect_run(spiral(SpiralSpec(seed=seed, ar_phi=0.3)).drop(columns=["delta_preserved_mean"]))
         assert res.collapse_step - first(res.alerts) >= 20
+
+
+def _decline_only(seed: int, delta_mean: float) -> pd.DataFrame:
+    """Likelihood flat then declining (no phase III, no collapse), same-token displacement of the given sign."""
+    df = spiral(SpiralSpec(steps=220, seed=seed, accel_start=None, collapse_start=None))
+    df["delta_preserved_mean"] = np.random.default_rng(seed + 50).normal(delta_mean, 0.03, len(df))
+    return df
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_likelihood_decline_without_net_displacement_is_only_suspected(seed):
+    # the preserved responses gain likelihood inside every step: the decline of the fresh samples'
+    # likelihood is a shift of what is sampled, not displacement (paper.md section 6 caveat)
+    res = detect_run(_decline_only(seed, delta_mean=+0.02))
+    assert first(res.alerts) is None, [a.message for a in res.alerts if a.severity != "info"]
+    shift = [a for a in res.alerts if "shift of the sampled responses" in a.message]
+    assert shift and shift[0].severity == "info" and shift[0].signal == "ll_correct_mean"
+    assert "decay" not in res.phase_starts
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weaker_decline_counts_when_displacement_corroborates_it(seed):
+    # switch off the two single-signal paths (likelihood alone, persistent displacement alone): the decay
+    # must come from the two signals together, at the weaker corroborated threshold
+    cfg = DetectorConfig(decay_z=-1e9, displacement_neg_frac=1.01)
+    res = detect_run(_decline_only(seed, delta_mean=-0.04), cfg)
+    warn = [a for a in res.alerts if a.severity == "warning"]
+    assert warn and warn[0].signal == "ll_correct_mean" and warn[0].threshold == cfg.corroborated_decay_z
+    assert warn[0].value < cfg.corroborated_decay_z and "< 0 on most of the last" in warn[0].message
+    assert SpiralSpec().decay_start <= res.phase_starts["decay"] <= SpiralSpec().decay_start + 40
+    # without the displacement column the same weak path cannot fire
+    res = detect_run(_decline_only(seed, delta_mean=-0.04).drop(columns=["delta_preserved_mean"]), cfg)
+    assert first(res.alerts) is None
+    # and displacement that is mostly positive does not corroborate
+    res = detect_run(_decline_only(seed, delta_mean=+0.02), cfg)
+    assert first(res.alerts) is None

@@ -40,10 +40,14 @@ class DetectorConfig:
     """Points over which persistent negative displacement (delta_preserved < 0) is judged."""
     displacement_neg_frac: float = 0.75
     """Share of the window with delta_preserved < -displacement_eps that counts as persistent displacement."""
-    displacement_contradict_frac: float = 0.3
-    """Where delta_preserved is measured, a likelihood decline is only 'suspected' (info) when fewer than
-    this share of the last `displacement_window` steps had delta_preserved < 0 (the updates raise the
-    preserved responses: the decline of the fresh samples' likelihood is a distribution shift)."""
+    displacement_contradict_frac: float = 0.5
+    """Where delta_preserved is measured, the step's updates count as *net displacing* when at least this
+    share of the last `displacement_window` steps had delta_preserved < -displacement_eps and its median is
+    negative. A likelihood decline without net displacement is only 'suspected' (info): the updates raise
+    the preserved responses, so the decline of the fresh samples' likelihood is a distribution shift."""
+    corroborated_decay_z: float = -2.5
+    """With net displacement, a likelihood trend z below this (and a smoothed likelihood below its peak) is
+    enough for decay: two independent signals agree, so each may be weaker than `decay_z` alone."""
     displacement_eps: float = 1e-4
     """Dead zone: |delta| below this (nats per token) is numerical noise (e.g. a step with no gradient),
     neither displaced nor gained."""

@@ -396,24 +396,28 @@ class OnlineDetector:
             decline = -t.slope * span
             declining = (t.z < c.decay_z and drop > c.decay_drop_sigma * t.sigma
                          and decline >= c.decay_min_decline_sigma * t.sigma)
-            contradicted = False
             dtr0 = self._tracks["displacement"]
-            if declining and dtr0.source is not None and len(dtr0.values) >= c.displacement_window:
+            net_displaced: bool | None = None  # None: no same-token displacement measured (e.g. a verl run)
+            if dtr0.source is not None and len(dtr0.values) >= c.displacement_window:
                 # the likelihood is measured on fresh samples each step, so a cross-step decline can be a
-                # shift of the sampled responses; where the same-token displacement is measured and the
-                # step's updates mostly RAISE preserved responses, the decline is not displacement
+                # shift of the sampled responses; the same-token displacement says whether the step's
+                # updates on balance LOWER the preserved responses (the decline is displacement) or not
                 _, d0 = dtr0.last(int(c.displacement_window))
-                contradicted = float(np.mean(d0 < -c.displacement_eps)) < c.displacement_contradict_frac
-            if declining and contradicted:
+                net_displaced = (float(np.mean(d0 < -c.displacement_eps)) >= c.displacement_contradict_frac
+                                 and fast_median(d0) < 0)
+            corroborated = bool(net_displaced) and t.z < c.corroborated_decay_z and drop > 0
+            if declining and net_displaced is False:
                 suspect_decay.append(_Evidence(
                     lab, t.z, c.decay_z,
                     f"{lab} declining (trend z={t.z:.2f} over the last {t.n} points) but "
                     f"{dtr0.source.label} is mostly positive: a shift of the sampled responses, not displacement"))
-            elif declining:
+            elif declining or corroborated:
+                zt = c.decay_z if declining else c.corroborated_decay_z
+                also = "" if declining else f", and {dtr0.source.label} < 0 on most of the last {c.displacement_window} steps"
                 decay_ev.append(_Evidence(
-                    lab, t.z, c.decay_z,
-                    f"{lab} declining: trend z={t.z:.2f} over the last {t.n} points (threshold {c.decay_z:g}), "
-                    f"slope {_fmt(t.slope)}/step, {drop / max(t.sigma, 1e-12):.1f} sigma below its peak"))
+                    lab, t.z, zt,
+                    f"{lab} declining: trend z={t.z:.2f} over the last {t.n} points (threshold {zt:g}), "
+                    f"slope {_fmt(t.slope)}/step, {drop / max(t.sigma, 1e-12):.1f} sigma below its peak{also}"))
             elif t.z <= c.rise_z:
                 stag_ev = _Evidence(
                     lab, t.z, c.rise_z,
