@@ -40,7 +40,7 @@ class DetectorConfig:
     """Points over which persistent negative displacement (delta_preserved < 0) is judged."""
     displacement_neg_frac: float = 0.75
     """Share of the window with delta_preserved < -displacement_eps that counts as persistent displacement."""
-    displacement_contradict_frac: float = 0.5
+    net_displacement_frac: float = 0.5
     """Where delta_preserved is measured, the step's updates count as *net displacing* when at least this
     share of the last `displacement_window` steps had delta_preserved < -displacement_eps and its median is
     negative. A likelihood decline without net displacement is only 'suspected' (info): the updates raise

@@ -403,14 +403,14 @@ class OnlineDetector:
                 # shift of the sampled responses; the same-token displacement says whether the step's
                 # updates on balance LOWER the preserved responses (the decline is displacement) or not
                 _, d0 = dtr0.last(int(c.displacement_window))
-                net_displaced = (float(np.mean(d0 < -c.displacement_eps)) >= c.displacement_contradict_frac
+                net_displaced = (float(np.mean(d0 < -c.displacement_eps)) >= c.net_displacement_frac
                                  and fast_median(d0) < 0)
             corroborated = bool(net_displaced) and t.z < c.corroborated_decay_z and drop > 0
             if declining and net_displaced is False:
                 suspect_decay.append(_Evidence(
                     lab, t.z, c.decay_z,
                     f"{lab} declining (trend z={t.z:.2f} over the last {t.n} points) but "
-                    f"{dtr0.source.label} is mostly positive: a shift of the sampled responses, not displacement"))
+                    f"{dtr0.source.label} is not net negative: a shift of the sampled responses, not displacement"))
             elif declining or corroborated:
                 zt = c.decay_z if declining else c.corroborated_decay_z
                 also = "" if declining else f", and {dtr0.source.label} < 0 on most of the last {c.displacement_window} steps"
