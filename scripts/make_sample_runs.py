@@ -1,5 +1,5 @@
 """Regenerate `sample_runs/` with the CLI: the vanilla, LLDS and LLDS-MA runs of scripts/spiral_config.json,
-same settings and seed (what they show: docs/backend.md, "The spiral experiment").
+same settings and seed (3) (what they show: docs/backend.md, "The spiral experiment").
 
     .venv/bin/python scripts/make_sample_runs.py            # rebuild sample_runs/ (replaces it)
     .venv/bin/python scripts/make_sample_runs.py --check    # rebuild into a temp store and compare
@@ -22,7 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "scripts" / "spiral_config.json"
-SEED = 1
+# seed 3 of the 3-seed experiment (docs/backend.md): the seed on which vanilla collapses and LLDS and
+# LLDS-MA do not; seeds 1 and 2 (vanilla seed 1 recovers, LLDS-MA seed 2 collapses late) are in that table
+SEED = 3
 STEPS = int(os.environ.get("LLD_SAMPLE_STEPS", "0")) or None  # default: the config's steps
 RUNS = [("vanilla", "vanilla"), ("llds", "llds"), ("llds-ma", "llds-ma")]
 TIMING = ("time", "step_time")

@@ -1,9 +1,9 @@
 """Run the spiral experiment: vanilla / llds / llds-ma x seeds, identical settings except the regularizer.
 
-    .venv/bin/python scripts/run_spiral_experiment.py --store /work/experiments/spiral_store --seeds 2 3 [--jobs 2]
+    .venv/bin/python scripts/run_spiral_experiment.py --store /work/experiments/spiral_store --seeds 1 2 [--jobs 2]
 
 Each run is `lld-monitor train --config scripts/spiral_config.json --mode M --seed S` with run id
-`spiral-<mode>-seed<S>`; at most `--jobs` runs at a time (each uses one thread). Seed 1 of the
+`spiral-<mode>-seed<S>`; at most `--jobs` runs at a time (each uses one thread). Seed 3 of the
 same settings is what `scripts/make_sample_runs.py` writes into sample_runs/ (copy those runs in
 with `--copy-from sample_runs`).
 """
