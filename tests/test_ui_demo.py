@@ -57,8 +57,9 @@ def test_prepare_store_copies_samples_and_refuses_a_used_folder(tmp_path):
 def test_demo_serves_and_ctrl_c_stops_trainer_and_server(tmp_path):
     port = free_port()
     store = tmp_path / "demo"
+    # enough steps that the vanilla trainer is still running when a loaded machine has the server up
     proc = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "demo", "--store", str(store), "--port", str(port),
-                             "--steps", "2"], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--steps", "100"], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
         assert _wait_http(port), proc.stdout.read().decode() if proc.poll() is not None else "server not up"
