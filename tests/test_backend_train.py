@@ -211,11 +211,13 @@ def test_ctrl_c_leaves_a_finished_readable_run(tmp_path, tiny_config):
     from lld_monitor.store import open_store_reader
 
     store = tmp_path / "store"
-    # far more steps than the test waits for: a tiny-config step takes milliseconds, and a run that ends
-    # before SIGINT arrives would test nothing (seen once in a clean-clone CI run with 500 steps)
+    # far more steps than the test waits for: a run that ends before SIGINT is handled tests nothing
     cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--steps", "100000", "--store", str(store), "--run-name", "sigint",
            "--run-id", "sigint-run", "--config", str(tiny_config), "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # a shell without job control starts background jobs with SIGINT ignored, and children inherit that
+    # (CI may run us so): give the trainer the default disposition, as in a terminal
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         seen = 0
