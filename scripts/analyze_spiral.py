@@ -48,7 +48,7 @@ def summarize(store: str, window: int = 10) -> list[dict]:
         out.append({
             "run": run["name"], "run_id": run.run_id, "mode": run["mode"], "steps": int(run.steps),
             "reward_start": float(rew.dropna().iloc[0]),
-            "reward_peak": float(rew.max()), "reward_peak_step": int(rew.idxmax()),
+            "reward_peak": float(rew.loc[peak_step]), "reward_peak_step": peak_step,
             "reward_final": float(sig["reward_mean"].iloc[-window:].mean()),
             "reward_trough": float(rew.loc[trough_step]), "reward_trough_step": trough_step,
             "delta_preserved_neg_share": float((delta < 0).mean()), "delta_preserved_mean": float(delta.mean()),

@@ -22,8 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "scripts" / "spiral_config.json"
-# seed 3 of the 3-seed experiment (docs/backend.md): the seed on which vanilla collapses and LLDS and
-# LLDS-MA do not; seeds 1 and 2 (vanilla seed 1 recovers, LLDS-MA seed 2 collapses late) are in that table
+# seed 3 of the 7-seed experiment (docs/backend.md): a seed on which vanilla collapses and LLDS and
+# LLDS-MA do not; every seed's outcome (the others included) is in that table
 SEED = 3
 STEPS = int(os.environ.get("LLD_SAMPLE_STEPS", "0")) or None  # default: the config's steps
 RUNS = [("vanilla", "vanilla"), ("llds", "llds"), ("llds-ma", "llds-ma")]

@@ -1,6 +1,6 @@
 """Run the spiral experiment: vanilla / llds / llds-ma x seeds, identical settings except the regularizer.
 
-    .venv/bin/python scripts/run_spiral_experiment.py --store /work/experiments/spiral_store --seeds 1 2 [--jobs 2]
+    .venv/bin/python scripts/run_spiral_experiment.py --store /work/experiments/spiral_store --seeds 1 2 4 5 6 7 [--jobs 3]
 
 Each run is `lld-monitor train --config scripts/spiral_config.json --mode M --seed S` with run id
 `spiral-<mode>-seed<S>`; at most `--jobs` runs at a time (each uses one thread). Seed 3 of the
