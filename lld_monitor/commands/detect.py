@@ -36,8 +36,8 @@ def _default_store() -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=_default_store(),
                         help="run store folder (default: $LLD_MONITOR_STORE or ./lld_runs)")
-    parser.add_argument("--run", action="append", metavar="NAME",
-                        help="run name or id (repeatable; default: every run in the store)")
+    parser.add_argument("--run", action="extend", nargs="+", metavar="NAME",
+                        help="run name(s) or id(s): --run A B, or --run A --run B (default: every run in the store)")
     parser.add_argument("--json", action="store_true", help="print the JSON contract instead of text")
     parser.add_argument("--min-severity", choices=SEVERITIES, default="info",
                         help="only list alerts at or above this severity (default: info = all)")

@@ -27,10 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("what to import (online: --entity and --project; or --offline)")
     src.add_argument("--entity", help="W&B entity (user or team)")
     src.add_argument("--project", help="W&B project")
-    src.add_argument("--run", action="append", default=[], metavar="ID",
-                     help="W&B run id (repeatable; default: every run of the project)")
-    src.add_argument("--offline", action="append", default=[], metavar="DIR",
-                     help="a wandb/ folder, an offline-run-* / run-* folder or a .wandb file (repeatable); no network")
+    src.add_argument("--run", action="extend", nargs="+", default=[], metavar="ID",
+                     help="W&B run id(s): --run A B, or --run A --run B (default: every run of the project)")
+    src.add_argument("--offline", action="extend", nargs="+", default=[], metavar="PATH",
+                     help="wandb/ folder(s), offline-run-* / run-* folder(s) or .wandb file(s), e.g. "
+                          "--offline wandb/offline-run-* (a shell glob) or --offline A --offline B; no network")
     parser.add_argument("--mode", choices=list(MODES),
                         help="set the run mode by hand (default: inferred from the config, e.g. no_reduce_lambda > 0 -> llds)")
     parser.add_argument("--name", help="store name for the run (one offline run only; default: the W&B name)")
