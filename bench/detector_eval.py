@@ -1,28 +1,36 @@
-"""Evaluate the early-warning detector on a labelled set of runs: lead time before the reward
-collapse on collapsing runs, false warnings on the others, with all signals and with step scalars only.
+"""Evaluate the early-warning detector on a labelled corpus of runs, split by seed into a tuning half
+and a reported half, with all signals and with step scalars only (verl- and TRL-named).
 
-    .venv/bin/python bench/detector_eval.py --store /work/experiments/spiral_store
-    .venv/bin/python bench/detector_eval.py --synthetic 10        # synthetic trajectories (no store needed)
+    .venv/bin/python bench/detector_eval.py --store /work/exp/a/store --store /work/exp/b/store
+    .venv/bin/python bench/detector_eval.py --store sample_runs --markdown     # the docs' tables
+    .venv/bin/python bench/detector_eval.py --synthetic 10                     # synthetic runs, no store
 
-Labels (hindsight, using the whole run; the detector never sees them):
-  collapse step    lld_monitor.detect.reward_collapse_step (the written definition: trailing mean of
-                   10 reward points below 0.5 x its running peak for 5 consecutive points)
-  phase II onset   the step at which the correct-response log-likelihood (ll_correct_mean, centred
-                   rolling median of 15 steps) peaked before the collapse step: after it, it only declines
-  phase II length  collapse step - phase II onset
-  decline step     the same definition with 0.8 instead of 0.5 (the smoothed reward 20 % below its running
-                   peak for 5 points): the first visible reward decline, reported for every run, also
-                   for runs that decline without collapsing ("lead to decline" = decline - first warning)
-Goal per collapsing run: first alert of severity >= warning at least 20 steps AND at least a quarter of
-its phase II length before the collapse step. Goal per non-collapsing run: no alert >= warning.
-"LLD warn" = the first alert >= warning raised by a non-reward signal (likelihood, displacement, entropy,
-grad norm, ratios): the by-mode summary says whether that signature separates vanilla from LLDS runs.
-
-Variants per run:
-  full      every column of the run (our token-derived signals included)
-  scalars   only what a verl / Search-R1 W&B run would have: the verl-named step metrics the backend
-            logs (actor/*, critic/*, ...), without actor/mean_reduce_chunk (only the LLDS fork logs it)
-            and without any lld-monitor column; derived from our columns when a run has no verl names
+LABELS (written before any tuning; from the run's own reward, the detector never sees them):
+  collapse   lld_monitor.detect.reward_collapse_step is not None (the written collapse definition:
+             trailing mean of 10 reward points below 0.5 x its running peak for 5 consecutive points)
+  degraded   no collapse, but the mean of the last 20 reward points < 0.8 x the peak, where the peak is
+             the running maximum of the same 10-point trailing mean the collapse definition uses
+  healthy    otherwise
+SPLIT (written before any tuning): the seed is the integer after "seed" in the run name
+  (`vanilla-seed3`, `llds-seed4`, `probe-lr2e-3-seed7`); ODD seeds are the TUNING half, EVEN seeds the
+  REPORTED half. A run without a seed in its name is "unsplit": listed, never counted in either half.
+  Thresholds may be chosen on the tuning half only; the reported half is what the docs quote.
+SCORING (severity >= warning counts as a warning; `info` never does):
+  collapse run   warned = first warning at a step < the collapse step; lead = collapse step - that step
+  healthy run    any warning is a false warning
+  degraded run   reported apart: warned or not, and the lead to its 20 % decline
+                 (lld_monitor.detect.reward_decline_step)
+  precision      collapse runs warned before the collapse / all runs with a warning before their
+                 reference (collapse step, else the end of the run); degraded runs count as false here
+  goal           all signals: every collapse warned >= 20 steps ahead, median lead >= 40, 0 warned healthy
+                 runs; scalars only: <= 1 warned healthy run per 10 healthy runs
+VARIANTS (what the detector is given):
+  full          every column of the run (our token-derived signals included)
+  scalars-verl  only what a verl / Search-R1 W&B run has: the actor/, critic/, env/, response_length/,
+                timing_s/ keys, without actor/mean_reduce_chunk (only the LLDS fork logs it); derived from
+                our columns when a run has no verl names (the likelihood proxy from the samples table)
+  scalars-trl   only what a TRL GRPOTrainer W&B run has (train/reward, train/entropy, train/grad_norm,
+                train/clip_ratio/region_mean, train/kl, ...), derived from our canonical columns
 """
 
 from __future__ import annotations
@@ -30,23 +38,40 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from lld_monitor.detect import SIGNAL_CANDIDATES, DetectorConfig, detect_run, reward_collapse_step
+from lld_monitor.detect import (
+    SEVERITIES,
+    DetectorConfig,
+    detect_run,
+    reward_collapse_step,
+    reward_decline_step,
+    reward_series,
+)
 from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral, to_verl
 
-DEFAULT_STORE = "/work/experiments/spiral_store"
-LEAD_MIN_STEPS = 20
-LEAD_MIN_FRAC_PHASE2 = 0.25
-# verl keys kept in the scalar-only variant; everything else is dropped
-STRICT_VERL_EXCLUDE = {"actor/mean_reduce_chunk"}
+LABELS = ("collapse", "degraded", "healthy")
+DEGRADED_LAST_POINTS = 20
+DEGRADED_FRAC = 0.8
+HALVES = ("tune", "report", "unsplit")
+VARIANTS = ("full", "scalars-verl", "scalars-trl")
+GOAL_MIN_LEAD = 20
+GOAL_MEDIAN_LEAD = 40
+GOAL_SCALARS_FALSE_PER_10 = 1
+WARN_FLOOR = SEVERITIES.index("warning")
+_SEED = re.compile(r"seed[_-]?(\d+)", re.IGNORECASE)
+
+VERL_PREFIXES = ("actor/", "critic/", "env/", "response_length/", "timing_s/", "prompt_length/")
+VERL_EXCLUDE = {"actor/mean_reduce_chunk"}
 DERIVE_VERL = {
     "reward_mean": "critic/score/mean",
     "entropy": "actor/entropy_loss",
@@ -54,48 +79,64 @@ DERIVE_VERL = {
     "clip_frac": "actor/pg_clipfrac",
     "kl": "actor/kl_loss",
 }
+DERIVE_TRL = {
+    "reward_mean": "train/reward",
+    "reward_std": "train/reward_std",
+    "entropy": "train/entropy",
+    "grad_norm": "train/grad_norm",
+    "clip_frac": "train/clip_ratio/region_mean",
+    "kl": "train/kl",
+    "response_length": "train/completions/mean_length",
+    "lr": "train/learning_rate",
+}
 
 
-@dataclass
-class Row:
-    run: str
-    mode: str
-    variant: str
-    steps: int
+# ------------------------------------------------------------------------------------------- labels
+def seed_of(name: str) -> int | None:
+    m = _SEED.search(name)
+    return int(m.group(1)) if m else None
+
+
+def half_of(name: str) -> str:
+    """'tune' (odd seed), 'report' (even seed) or 'unsplit' (no seed in the name)."""
+    s = seed_of(name)
+    return "unsplit" if s is None else ("tune" if s % 2 else "report")
+
+
+@dataclass(frozen=True)
+class Label:
+    label: str
     collapse_step: int | None
     decline_step: int | None
-    phase2_onset: int | None
-    first_info: int | None
-    first_warning: int | None
-    first_critical: int | None
-    warning_signal: str | None
-    first_leading_warning: int | None  # first alert >= warning raised by a non-reward signal
-    leading_signal: str | None
-    lead: int | None
-    lead_decline: int | None
-    need: float | None
-    goal_met: bool
-    n_severe: int
-    final_phase: str
+    peak: float | None  # running max of the trailing-mean reward
+    last_mean: float | None  # mean of the last DEGRADED_LAST_POINTS reward points
 
 
-def phase2_onset(sig: pd.DataFrame, collapse_step: int | None) -> int | None:
-    """Hindsight label: the step the smoothed correct-response likelihood peaked before the collapse."""
-    if collapse_step is None:
-        return None
-    col = next((c for c in ("ll_correct_mean", "actor/pos_avg_old_log_prob") if c in sig.columns), None)
-    if col is None:
-        return None
-    s = sig[["step", col]].dropna()
-    s = s[s.step <= collapse_step]
-    if len(s) < 10:
-        return None
-    sm = s[col].rolling(15, center=True, min_periods=5).median()
-    return int(s.step.iloc[int(np.nanargmax(sm.to_numpy()))])
+def label_run(sig: pd.DataFrame, cfg: DetectorConfig) -> Label:
+    """The outcome label of a run by the written rule (module docstring)."""
+    collapse = reward_collapse_step(sig, cfg)
+    decline = reward_decline_step(sig, cfg)
+    _, r = reward_series(sig)
+    r = r.dropna()
+    r = r[np.isfinite(r.to_numpy())]
+    w = int(cfg.reward_smooth_window)
+    if len(r) < w:
+        return Label("healthy" if collapse is None else "collapse", collapse, decline, None, None)
+    peak = float(r.rolling(w).mean().max())
+    last = float(r.iloc[-DEGRADED_LAST_POINTS:].mean())
+    if collapse is not None:
+        lab = "collapse"
+    elif peak > 0 and last < DEGRADED_FRAC * peak:
+        lab = "degraded"
+    else:
+        lab = "healthy"
+    return Label(lab, collapse, decline, peak, last)
 
 
-def scalar_only(sig: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    verl = [c for c in sig.columns if "/" in c and c not in STRICT_VERL_EXCLUDE]
+# ----------------------------------------------------------------------------------------- variants
+def scalars_verl(sig: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The columns a verl / Search-R1 W&B run has (see the module docstring)."""
+    verl = [c for c in sig.columns if c.startswith(VERL_PREFIXES) and c not in VERL_EXCLUDE]
     if any(c.startswith(("actor/", "critic/")) for c in verl):
         return sig[["step"] + verl].copy()
     out = sig[["step"]].copy()
@@ -109,123 +150,152 @@ def scalar_only(sig: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.Da
     return out
 
 
-def decline_step(sig: pd.DataFrame, cfg: DetectorConfig) -> int | None:
-    """First step of a 20 % reward decline: the collapse definition with collapse_frac = 0.8."""
-    return reward_collapse_step(sig, replace(cfg, collapse_frac=0.8))
+def scalars_trl(sig: pd.DataFrame) -> pd.DataFrame:
+    """The columns a TRL GRPOTrainer W&B run has, named as the W&B callback names them."""
+    out = sig[["step"]].copy()
+    for ours, theirs in DERIVE_TRL.items():
+        if theirs in sig.columns:
+            out[theirs] = sig[theirs]
+        elif ours in sig.columns:
+            out[theirs] = sig[ours]
+    return out
 
 
-def evaluate(name: str, mode: str, variant: str, sig: pd.DataFrame, collapse: int | None, onset: int | None,
-             cfg: DetectorConfig, decline: int | None = None) -> Row:
+# ------------------------------------------------------------------------------------------ scoring
+@dataclass
+class Row:
+    run: str
+    store: str
+    mode: str
+    seed: int | None
+    half: str
+    variant: str
+    label: str
+    steps: int
+    collapse_step: int | None
+    decline_step: int | None
+    first_info: int | None
+    first_warning: int | None
+    warning_signal: str | None
+    first_critical: int | None
+    lead: int | None  # collapse step - first warning (collapse runs)
+    lead_decline: int | None  # decline step - first warning (any run with a decline step)
+    warned: bool  # collapse: warned before the collapse; others: any warning
+    n_warnings: int
+    final_phase: str
+    phases: str  # phases entered, in order
+
+
+def score(name: str, store: str, mode: str, variant: str, sig: pd.DataFrame, lab: Label,
+          cfg: DetectorConfig) -> Row:
     res = detect_run(sig, cfg)
-
-    def first(sev: tuple[str, ...]):
-        hits = [a for a in res.alerts if a.severity in sev]
-        return hits[0] if hits else None
-
-    info, warn, crit = first(("info",)), first(("warning", "critical")), first(("critical",))
-    reward_cols = {c.label for c in SIGNAL_CANDIDATES["reward"]}
-    lw = [a for a in res.alerts if a.severity in ("warning", "critical") and a.signal not in reward_cols]
-    lw0 = lw[0] if lw else None
-    lead = need = None
-    if collapse is not None:
-        need = float(max(LEAD_MIN_STEPS, LEAD_MIN_FRAC_PHASE2 * (collapse - onset) if onset is not None else 0))
-        lead = None if warn is None else int(collapse - warn.step)
-        goal = lead is not None and lead >= need
-    else:
-        goal = warn is None
+    warns = [a for a in res.alerts if SEVERITIES.index(a.severity) >= WARN_FLOOR]
+    infos = [a for a in res.alerts if a.severity == "info"]
+    crits = [a for a in res.alerts if a.severity == "critical"]
+    w0 = warns[0] if warns else None
+    lead = None if (w0 is None or lab.collapse_step is None) else int(lab.collapse_step - w0.step)
+    lead_dec = None if (w0 is None or lab.decline_step is None) else int(lab.decline_step - w0.step)
+    warned = (lead is not None and lead > 0) if lab.label == "collapse" else w0 is not None
     return Row(
-        run=name, mode=mode, variant=variant, steps=int(len(sig)), collapse_step=collapse, decline_step=decline,
-        phase2_onset=onset,
-        first_info=None if info is None else info.step, first_warning=None if warn is None else warn.step,
-        first_critical=None if crit is None else crit.step, warning_signal=None if warn is None else warn.signal,
-        first_leading_warning=None if lw0 is None else lw0.step, leading_signal=None if lw0 is None else lw0.signal,
-        lead=lead, lead_decline=None if (warn is None or decline is None) else int(decline - warn.step),
-        need=need, goal_met=bool(goal),
-        n_severe=sum(a.severity in ("warning", "critical") for a in res.alerts), final_phase=res.phase,
+        run=name, store=store, mode=mode, seed=seed_of(name), half=half_of(name), variant=variant,
+        label=lab.label, steps=len(sig), collapse_step=lab.collapse_step, decline_step=lab.decline_step,
+        first_info=infos[0].step if infos else None, first_warning=None if w0 is None else w0.step,
+        warning_signal=None if w0 is None else w0.signal, first_critical=crits[0].step if crits else None,
+        lead=lead, lead_decline=lead_dec, warned=warned, n_warnings=len(warns), final_phase=res.phase,
+        phases=" > ".join(p for p, _ in sorted(res.phase_starts.items(), key=lambda kv: kv[1])),
     )
 
 
-def load_store(path: str, only: list[str] | None, seen: set[str] | None = None):
+def summarize(rows: list[Row]) -> dict[str, dict[str, dict]]:
+    """{half: {variant: figures}} over the rows (see SCORING in the module docstring)."""
+    out: dict[str, dict[str, dict]] = {}
+    for half in HALVES:
+        for variant in VARIANTS:
+            rs = [r for r in rows if r.half == half and r.variant == variant]
+            if not rs:
+                continue
+            col = [r for r in rs if r.label == "collapse"]
+            hea = [r for r in rs if r.label == "healthy"]
+            deg = [r for r in rs if r.label == "degraded"]
+            tp = sum(r.warned for r in col)
+            fp = sum(r.warned for r in hea) + sum(r.warned for r in deg)
+            leads = [r.lead for r in col if r.warned]
+            dleads = [r.lead_decline for r in deg if r.lead_decline is not None]
+            timely = sum(r.warned and r.lead >= GOAL_MIN_LEAD for r in col)  # type: ignore[operator]
+            false_h = sum(r.warned for r in hea)
+            if variant == "full":
+                goal = (timely == len(col) and (not leads or statistics.median(leads) >= GOAL_MEDIAN_LEAD)
+                        and false_h == 0)
+            else:
+                goal = false_h * 10 <= GOAL_SCALARS_FALSE_PER_10 * max(len(hea), 1)
+            out.setdefault(half, {})[variant] = {
+                "runs": len(rs),
+                "collapse_runs": len(col),
+                "collapse_warned": tp,
+                "recall": tp / len(col) if col else None,
+                "precision": tp / (tp + fp) if (tp + fp) else None,
+                "warned_ge_20": timely,
+                "lead_min": min(leads) if leads else None,
+                "lead_median": statistics.median(leads) if leads else None,
+                "healthy_runs": len(hea),
+                "healthy_warned": false_h,
+                "false_warning_rate": false_h / len(hea) if hea else None,
+                "degraded_runs": len(deg),
+                "degraded_warned": sum(r.warned for r in deg),
+                "degraded_lead_decline_median": statistics.median(dleads) if dleads else None,
+                "goal_met": bool(goal),
+            }
+    return out
+
+
+# ------------------------------------------------------------------------------------------ sources
+Source = Iterator[tuple[str, str, str, pd.DataFrame, pd.DataFrame | None]]
+
+
+def load_store(path: str, only: list[str] | None, seen: set[str]) -> Source:
+    """(name, store, mode, signals, samples-or-None) per run; a run id seen in an earlier store is skipped."""
     from lld_monitor.store import open_store_reader
 
     r = open_store_reader(path)
     try:
-        runs = r.runs()
-        for rec in runs.to_dict("records"):
+        for rec in r.runs().to_dict("records"):
             if only and rec["name"] not in only and rec["run_id"] not in only:
                 continue
-            if seen is not None:  # the same run copied into two stores is evaluated once
-                if rec["run_id"] in seen:
-                    continue
-                seen.add(rec["run_id"])
+            if rec["run_id"] in seen:
+                continue
+            seen.add(rec["run_id"])
             sig = r.signals(rec["run_id"])
             if sig.empty:
                 continue
             has_verl = any(c.startswith("actor/") for c in sig.columns)
             samples = None if has_verl else r.samples(rec["run_id"])
-            yield rec["name"], str(rec.get("mode")), sig, samples
+            yield str(rec["name"]), path, str(rec.get("mode")), sig, samples
     finally:
         r.close()
 
 
-def load_synthetic(n: int):
-    for seed in range(n):
-        yield f"synthetic-spiral-s{seed}", "vanilla", spiral(SpiralSpec(seed=seed, noise=1.0 + 0.5 * (seed % 2))), None
-        yield f"synthetic-healthy-s{seed}", "llds", healthy(seed=seed, noise=1.0 + 0.5 * (seed % 2)), None
+def load_synthetic(n: int) -> Source:
+    """n paper-shaped spirals and n healthy runs, seeds 1..n (odd seeds tune, even report)."""
+    for seed in range(1, n + 1):
+        noise = 1.0 + 0.5 * (seed % 2)
+        yield f"synthetic-spiral-seed{seed}", "synthetic", "vanilla", spiral(SpiralSpec(seed=seed, noise=noise)), None
+        yield f"synthetic-healthy-seed{seed}", "synthetic", "llds", healthy(seed=seed, noise=noise), None
 
 
-def _fmt(v) -> str:
-    return "-" if v is None else (f"{v:.0f}" if isinstance(v, float) else str(v))
+def evaluate_sources(sources: list[Source], cfg: DetectorConfig) -> tuple[list[Row], list[pd.DataFrame]]:
+    rows: list[Row] = []
+    frames: list[pd.DataFrame] = []
+    for src in sources:
+        for name, store, mode, sig, samples in src:
+            lab = label_run(sig, cfg)
+            frames.append(sig)
+            verl = to_verl(sig) if store == "synthetic" else scalars_verl(sig, samples)
+            for variant, df in (("full", sig), ("scalars-verl", verl), ("scalars-trl", scalars_trl(sig))):
+                rows.append(score(name, store, mode, variant, df, lab, cfg))
+    return rows, frames
 
 
-def print_table(rows: list[Row]) -> None:
-    hdr = f"{'run':<28} {'mode':<8} {'variant':<8} {'steps':>5} {'collapse':>8} {'decline':>7} {'II-on':>5} " \
-          f"{'1st info':>8} {'1st warn':>8} {'1st crit':>8} {'lead':>5} {'need':>5} {'goal':>4} {'lead-dec':>8} " \
-          f"{'LLD warn':>8}  warned by"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        print(f"{r.run[:28]:<28} {r.mode[:8]:<8} {r.variant:<8} {r.steps:>5} {_fmt(r.collapse_step):>8} "
-              f"{_fmt(r.decline_step):>7} {_fmt(r.phase2_onset):>5} {_fmt(r.first_info):>8} {_fmt(r.first_warning):>8} "
-              f"{_fmt(r.first_critical):>8} {_fmt(r.lead):>5} {_fmt(r.need):>5} {'yes' if r.goal_met else 'NO':>4} "
-              f"{_fmt(r.lead_decline):>8} {_fmt(r.first_leading_warning):>8}  {r.warning_signal or ''}"
-              f"{'' if r.leading_signal in (None, r.warning_signal) else ' / LLD: ' + r.leading_signal}")
-
-
-def summarize(rows: list[Row]) -> dict:
-    out = {}
-    for variant in sorted({r.variant for r in rows}):
-        rs = [r for r in rows if r.variant == variant]
-        col = [r for r in rs if r.collapse_step is not None]
-        non = [r for r in rs if r.collapse_step is None]
-        warned = [r for r in col if r.lead is not None and r.lead > 0]
-        leads = [r.lead for r in col if r.lead is not None]
-        out[variant] = {
-            "collapsing_runs": len(col),
-            "warned_before_collapse": len(warned),
-            "recall": (len(warned) / len(col)) if col else None,
-            "lead_goal_met": sum(r.goal_met for r in col),
-            "lead_median": statistics.median(leads) if leads else None,
-            "lead_min": min(leads) if leads else None,
-            "non_collapsing_runs": len(non),
-            "runs_with_false_warnings": sum(r.n_severe > 0 for r in non),
-            "false_warning_alerts": sum(r.n_severe for r in non),
-            # by mode: does the LLD signature (a warning from a non-reward signal) separate the arms?
-            "vanilla_runs": sum(r.mode == "vanilla" for r in rs),
-            "vanilla_with_lld_warning": sum(r.mode == "vanilla" and r.first_leading_warning is not None for r in rs),
-            "regularized_runs": sum(r.mode in ("llds", "llds_ma") for r in rs),
-            "regularized_with_lld_warning": sum(r.mode in ("llds", "llds_ma") and r.first_leading_warning is not None
-                                                for r in rs),
-            # runs whose reward declined by 20 % (with or without collapsing): warned before the decline?
-            "declining_runs": sum(r.decline_step is not None for r in rs),
-            "warned_before_decline": sum(r.lead_decline is not None and r.lead_decline > 0 for r in rs),
-            "lead_decline_median": statistics.median(ld) if (ld := [r.lead_decline for r in rs
-                                                                    if r.lead_decline is not None]) else None,
-        }
-    return out
-
-
-def time_detector(frames: list[pd.DataFrame], cfg: DetectorConfig, reps: int = 5) -> float:
+def time_detector(frames: list[pd.DataFrame], cfg: DetectorConfig, reps: int = 3) -> float:
     """Median over `reps` replays of the longest run: microseconds per step."""
     df = max(frames, key=len)
     ts = []
@@ -236,61 +306,125 @@ def time_detector(frames: list[pd.DataFrame], cfg: DetectorConfig, reps: int = 5
     return float(statistics.median(ts))
 
 
+# ------------------------------------------------------------------------------------------- output
+RATIOS = {"recall", "precision", "false_warning_rate"}
+
+
+def _f(v, ratio: bool = False) -> str:
+    if v is None:
+        return "–"
+    if ratio:
+        return f"{v:.0%}"
+    if isinstance(v, float):
+        return f"{v:g}" if not v.is_integer() else f"{v:.0f}"
+    return str(v)
+
+
+def _warn_cell(r: Row) -> str:
+    if r.first_warning is None:
+        return "none"
+    return f"{r.first_warning} ({r.warning_signal})"
+
+
+def per_run_table(rows: list[Row], markdown: bool) -> list[str]:
+    """One line per run, the three variants side by side."""
+    by_run: dict[tuple[str, str], dict[str, Row]] = {}
+    for r in rows:
+        by_run.setdefault((r.store, r.run), {})[r.variant] = r
+    hdr = ["run", "half", "label", "collapse", "decline"]
+    for v in VARIANTS:
+        hdr += [f"{v}: 1st warning", f"{v}: lead"]
+    lines = []
+    if markdown:
+        lines += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    else:
+        lines.append("  ".join(f"{h:>14}" if i else f"{h:<26}" for i, h in enumerate(hdr)))
+    order = {h: i for i, h in enumerate(HALVES)}
+    for (_, run), vs in sorted(by_run.items(), key=lambda kv: (order[next(iter(kv[1].values())).half], kv[0][1])):
+        base = next(iter(vs.values()))
+        cells = [run, base.half, base.label, _f(base.collapse_step), _f(base.decline_step)]
+        for v in VARIANTS:
+            r = vs.get(v)
+            if r is None:
+                cells += ["–", "–"]
+                continue
+            lead = r.lead if r.label == "collapse" else r.lead_decline
+            lead_txt = _f(lead) + ("" if r.label == "collapse" or lead is None else " (to decline)")
+            cells += [_warn_cell(r), lead_txt]
+        if markdown:
+            lines.append("| " + " | ".join(cells) + " |")
+        else:
+            lines.append("  ".join(f"{c:>14}" if i else f"{c[:26]:<26}" for i, c in enumerate(cells)))
+    return lines
+
+
+SUMMARY_COLS = (
+    ("collapse_runs", "collapses"), ("collapse_warned", "warned ahead"), ("recall", "recall"),
+    ("precision", "precision"), ("warned_ge_20", "warned ≥ 20"), ("lead_min", "lead min"),
+    ("lead_median", "lead median"), ("healthy_runs", "healthy"), ("healthy_warned", "healthy warned"),
+    ("degraded_runs", "degraded"), ("degraded_warned", "degraded warned"),
+    ("degraded_lead_decline_median", "degraded lead to decline (median)"), ("goal_met", "goal met"),
+)
+
+
+def summary_table(summ: dict[str, dict[str, dict]], markdown: bool) -> list[str]:
+    hdr = ["half", "variant"] + [t for _, t in SUMMARY_COLS]
+    lines = []
+    if markdown:
+        lines += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    else:
+        lines.append("  ".join(f"{h:>12}" for h in hdr))
+    for half, by_v in summ.items():
+        for variant, s in by_v.items():
+            cells = [half, variant] + [
+                ("yes" if s[k] else "NO") if k == "goal_met" else _f(s[k], k in RATIOS) for k, _ in SUMMARY_COLS]
+            lines.append("| " + " | ".join(cells) + " |" if markdown else "  ".join(f"{c:>12}" for c in cells))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--store", action="append", help=f"run store(s) to evaluate (default {DEFAULT_STORE})")
-    ap.add_argument("--run", action="append", help="only these run names / ids")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("--store", action="append", default=[], help="run store to evaluate (repeatable)")
+    ap.add_argument("--run", action="append", help="only these run names / ids (repeatable)")
     ap.add_argument("--synthetic", type=int, default=0, metavar="N",
-                    help="evaluate N synthetic collapsing + N synthetic healthy runs instead of / besides stores")
+                    help="also evaluate N synthetic collapsing + N synthetic healthy runs (seeds 1..N)")
+    ap.add_argument("--half", choices=("tune", "report", "all"), default="all",
+                    help="only list runs of this half (default: all; the summary always shows each half)")
     ap.add_argument("--config", help="JSON file of DetectorConfig overrides")
+    ap.add_argument("--markdown", action="store_true", help="print the docs' tables (per run and summary)")
     ap.add_argument("--json", metavar="OUT", help="also write rows and summary as JSON")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)
     cfg = DetectorConfig.from_dict(json.loads(Path(args.config).read_text())) if args.config else DetectorConfig()
+    if not args.store and not args.synthetic:
+        ap.error("give --store PATH (repeatable) and/or --synthetic N")
 
-    sources = []
+    sources: list[Source] = []
     seen: set[str] = set()
-    stores = args.store or ([] if args.synthetic else [DEFAULT_STORE])
-    for st in stores:
+    for st in args.store:
         if not Path(st).exists():
             print(f"detector_eval: no store at {st}", file=sys.stderr)
             return 2
         sources.append(load_store(st, args.run, seen))
     if args.synthetic:
         sources.append(load_synthetic(args.synthetic))
-
-    rows: list[Row] = []
-    frames: list[pd.DataFrame] = []
-    for src in sources:
-        for name, mode, sig, samples in src:
-            collapse = reward_collapse_step(sig, cfg)
-            decline = decline_step(sig, cfg)
-            onset = phase2_onset(sig, collapse)
-            frames.append(sig)
-            rows.append(evaluate(name, mode, "full", sig, collapse, onset, cfg, decline))
-            sc = scalar_only(sig, samples) if not name.startswith("synthetic-") else to_verl(sig)
-            rows.append(evaluate(name, mode, "scalars", sc, collapse, onset, cfg, decline))
+    t0 = time.perf_counter()
+    rows, frames = evaluate_sources(sources, cfg)
     if not rows:
         print("detector_eval: no runs to evaluate", file=sys.stderr)
         return 2
-    print_table(rows)
+    elapsed = time.perf_counter() - t0
+    shown = rows if args.half == "all" else [r for r in rows if r.half == args.half]
     summ = summarize(rows)
+    print("\n".join(per_run_table(shown, args.markdown)))
     print()
-    for variant, s in summ.items():
-        rec = "-" if s["recall"] is None else f"{s['recall']:.0%}"
-        print(f"[{variant}] collapsing runs {s['collapsing_runs']}: warned before collapse "
-              f"{s['warned_before_collapse']} (recall {rec}), lead goal met {s['lead_goal_met']}, "
-              f"lead median {_fmt(s['lead_median'])} min {_fmt(s['lead_min'])} steps | non-collapsing runs "
-              f"{s['non_collapsing_runs']}: with false warnings {s['runs_with_false_warnings']} "
-              f"({s['false_warning_alerts']} alerts)")
-        print(f"[{variant}] runs whose reward declined 20 %: {s['declining_runs']}, warned before the decline "
-              f"{s['warned_before_decline']}, lead to decline median {_fmt(s['lead_decline_median'])} steps")
-        print(f"[{variant}] by mode: LLD-signal warnings (>= warning, non-reward signal) on vanilla runs "
-              f"{s['vanilla_with_lld_warning']}/{s['vanilla_runs']}, on LLDS / LLDS-MA runs "
-              f"{s['regularized_with_lld_warning']}/{s['regularized_runs']}")
+    print("\n".join(summary_table(summ, args.markdown)))
     us = time_detector(frames, cfg)
-    print(f"detector cost: {us:.0f} us/step (median of 5 replays of the longest run, {max(map(len, frames))} steps)")
+    print(f"\n{len(frames)} runs in {elapsed:.1f} s ({elapsed / len(frames):.2f} s per run, 3 variants); "
+          f"detector cost {us:.0f} us/step (median of 3 replays of the longest run, {max(map(len, frames))} steps)")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], "summary": summ,
                                                "us_per_step": us, "config": cfg.to_dict()}, indent=2))

@@ -1,43 +1,87 @@
-"""bench/detector_eval.py end to end on synthetic runs and on a small real store."""
+"""bench/detector_eval.py: labels, seed split, variants, scoring, end to end on synthetic runs."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 
-from bench import detector_eval
-from lld_monitor.detect.synthetic import SpiralSpec, spiral
+from bench import detector_eval as ev
+from lld_monitor.detect import DetectorConfig
+from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral
 
 
-def test_eval_synthetic(tmp_path, capsys):
-    out = tmp_path / "eval.json"
-    assert detector_eval.main(["--synthetic", "2", "--json", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "recall" in text and "us/step" in text
-    res = json.loads(out.read_text())
-    for variant in ("full", "scalars"):
-        s = res["summary"][variant]
-        assert s["collapsing_runs"] == 2 and s["non_collapsing_runs"] == 2
-        assert s["recall"] == 1.0 and s["runs_with_false_warnings"] == 0
-    rows = [r for r in res["rows"] if r["collapse_step"] is not None]
-    assert all(r["lead"] == r["collapse_step"] - r["first_warning"] for r in rows)
+def _reward_run(reward: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"step": np.arange(reward.size), "reward_mean": reward})
 
 
-def test_phase2_onset_label_and_scalar_variant():
+def test_labels_follow_the_written_rule():
+    cfg = DetectorConfig()
+    flat = np.full(120, 0.6)
+    assert ev.label_run(_reward_run(flat), cfg).label == "healthy"
+    collapsed = np.r_[np.full(80, 0.6), np.full(40, 0.05)]
+    lab = ev.label_run(_reward_run(collapsed), cfg)
+    assert lab.label == "collapse" and lab.collapse_step is not None and 80 <= lab.collapse_step <= 90
+    # last 20 at 0.42 (< 0.8 x 0.6) but the trailing mean never falls under 0.5 x peak: degraded
+    degraded = np.r_[np.full(80, 0.6), np.full(40, 0.42)]
+    lab = ev.label_run(_reward_run(degraded), cfg)
+    assert lab.label == "degraded" and lab.collapse_step is None and lab.decline_step is not None
+    assert abs(lab.last_mean - 0.42) < 1e-9 and abs(lab.peak - 0.6) < 1e-9
+
+
+def test_seed_split_is_odd_tune_even_report():
+    assert ev.seed_of("vanilla-seed3") == 3 and ev.half_of("vanilla-seed3") == "tune"
+    assert ev.half_of("llds-seed4") == "report" and ev.half_of("probe-lr2e-3-seed10") == "report"
+    assert ev.half_of("sample-llds-ma-seed_7") == "tune"
+    assert ev.seed_of("spiral-vanilla") is None and ev.half_of("spiral-vanilla") == "unsplit"
+
+
+def test_scalar_variants_keep_only_what_the_platform_logs():
     df = spiral(SpiralSpec(seed=0))
-    onset = detector_eval.phase2_onset(df, 190)
-    assert 30 <= onset <= 100
-    assert detector_eval.phase2_onset(df, None) is None
     df["actor/pos_avg_old_log_prob"] = df["ll_correct_mean"]
     df["critic/score/mean"] = df["reward_mean"]
     df["actor/mean_reduce_chunk"] = 1.0
-    sc = detector_eval.scalar_only(df)
-    assert set(sc.columns) == {"step", "actor/pos_avg_old_log_prob", "critic/score/mean"}
+    df["lld/grad_norm_max"] = 1.0
+    assert set(ev.scalars_verl(df).columns) == {"step", "actor/pos_avg_old_log_prob", "critic/score/mean"}
+    trl = ev.scalars_trl(df)
+    assert set(trl.columns) == {"step", "train/reward", "train/entropy", "train/grad_norm",
+                                "train/clip_ratio/region_mean", "train/kl"}
+    assert (trl["train/reward"] == df["reward_mean"]).all()
     # no verl names: derived from ours, the likelihood proxy from the samples table
     plain = spiral(SpiralSpec(seed=0))[["step", "reward_mean", "entropy"]]
     samples = pd.DataFrame({"step": [0, 0, 1], "advantage": [1.0, -1.0, 0.0],
                             "logp_old_sum": [-2.0, -4.0, -3.0], "n_action_tokens": [2, 2, 3]})
-    sc = detector_eval.scalar_only(plain, samples)
+    sc = ev.scalars_verl(plain, samples)
     assert list(sc.columns) == ["step", "critic/score/mean", "actor/entropy_loss", "actor/pos_avg_old_log_prob"]
     assert sc["actor/pos_avg_old_log_prob"].iloc[0] == -0.5 and sc["actor/pos_avg_old_log_prob"].iloc[1] == -1.0
+
+
+def test_scoring_and_summary():
+    cfg = DetectorConfig()
+    sig = spiral(SpiralSpec(seed=2))
+    lab = ev.label_run(sig, cfg)
+    row = ev.score("synthetic-spiral-seed2", "synthetic", "vanilla", "full", sig, lab, cfg)
+    assert row.label == "collapse" and row.half == "report" and row.warned
+    assert row.lead == row.collapse_step - row.first_warning
+    h = healthy(seed=2)
+    hrow = ev.score("synthetic-healthy-seed2", "synthetic", "llds", "full", h, ev.label_run(h, cfg), cfg)
+    assert hrow.label == "healthy" and not hrow.warned
+    s = ev.summarize([row, hrow])["report"]["full"]
+    assert s["recall"] == 1.0 and s["precision"] == 1.0 and s["healthy_warned"] == 0
+    assert s["lead_min"] == row.lead and s["goal_met"] == (row.lead >= 40)
+
+
+def test_eval_synthetic_end_to_end(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert ev.main(["--synthetic", "2", "--markdown", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| run | half | label |" in text and "us/step" in text
+    res = json.loads(out.read_text())
+    assert set(res["summary"]) == {"tune", "report"}
+    for half in ("tune", "report"):
+        assert set(res["summary"][half]) == set(ev.VARIANTS)
+        s = res["summary"][half]["full"]
+        assert s["collapse_runs"] == 1 and s["healthy_runs"] == 1 and s["recall"] == 1.0
+        assert s["healthy_warned"] == 0
+    assert len(res["rows"]) == 4 * len(ev.VARIANTS)

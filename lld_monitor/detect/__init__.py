@@ -8,23 +8,31 @@ See docs/detector.md for the phases, the signals, the thresholds and the reward-
 """
 
 from .config import DetectorConfig
-from .offline import alerts_frame, detect_run, iter_signal_rows, reward_collapse_step, reward_series
+from .offline import (
+    alerts_frame,
+    detect_run,
+    iter_signal_rows,
+    reward_collapse_step,
+    reward_decline_step,
+    reward_series,
+)
 from .online import PHASES, SEVERITIES, Alert, DetectionResult, OnlineDetector
 from .signals import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
 
 __all__ = [
-    "Alert",
-    "DetectionResult",
-    "DetectorConfig",
-    "OnlineDetector",
     "PHASES",
     "SEVERITIES",
     "SIGNALS",
     "SIGNAL_CANDIDATES",
+    "Alert",
+    "DetectionResult",
+    "DetectorConfig",
+    "OnlineDetector",
     "alerts_frame",
     "detect_run",
     "iter_signal_rows",
     "resolve_columns",
     "reward_collapse_step",
+    "reward_decline_step",
     "reward_series",
 ]

@@ -106,7 +106,7 @@ class DetectorConfig:
                 continue
             v = getattr(self, f.name)
             if not isinstance(v, (int, float)) or isinstance(v, bool):
-                raise ValueError(f"DetectorConfig.{f.name} must be a number, got {v!r}")
+                raise ValueError(f"DetectorConfig.{f.name} must be a number, got {v!r}")  # noqa: TRY004 - callers catch bad configs as ValueError
         for name in (
             "trend_window",
             "trend_min_points",
@@ -137,7 +137,7 @@ class DetectorConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DetectorConfig":
+    def from_dict(cls, d: dict) -> DetectorConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -4,6 +4,8 @@ exactly those the online detector raised on the same steps."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -72,10 +74,21 @@ def reward_collapse_step(signals_df: pd.DataFrame, cfg: DetectorConfig | None = 
     # upgraded during warm-up); feeding the detector's own signal tracks keeps the two identical.
     det = OnlineDetector(cfg)
     for step, row in iter_signal_rows(signals_df):
-        det._ingest(step, row, [])  # noqa: SLF001 — only the signal tracks and the reward tracker
+        det._ingest(step, row, [])
         if det._reward.collapse_step is not None:
             return det._reward.collapse_step
     return None
+
+
+REWARD_DECLINE_FRAC = 0.8
+"""The reward's 20 % decline: the collapse definition with this fraction instead of `collapse_frac`."""
+
+
+def reward_decline_step(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None) -> int | None:
+    """First step of the reward's 20 % decline: `reward_collapse_step` with `collapse_frac` =
+    REWARD_DECLINE_FRAC (the smoothed reward below 0.8 x its running peak for `collapse_patience` points).
+    The reference a post-mortem or an evaluation uses when a run declines without collapsing."""
+    return reward_collapse_step(signals_df, replace(cfg or DetectorConfig(), collapse_frac=REWARD_DECLINE_FRAC))
 
 
 def reward_series(signals_df: pd.DataFrame) -> tuple[str | None, pd.Series]:

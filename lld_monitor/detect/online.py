@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .config import DetectorConfig
-from .signals import SIGNAL_CANDIDATES, SIGNALS, Candidate, first_present
+from .signals import SIGNALS, Candidate, first_present
 from .stats import fast_median, robust_sigma, theil_sen
 
 log = logging.getLogger(__name__)
