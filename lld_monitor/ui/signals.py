@@ -35,12 +35,14 @@ class SignalSpec:
 
 
 LIVE_PANELS: tuple[SignalSpec, ...] = (
-    SignalSpec("Reward", ("reward_mean", "accuracy")),
-    SignalSpec("Log-likelihood per action token: correct vs incorrect", ("ll_correct_mean", "ll_incorrect_mean")),
-    SignalSpec("Δ of preserved responses (left) · fraction of actions displaced (right)",
-               ("delta_preserved_mean",), ("frac_actions_displaced",)),
-    SignalSpec("Entropy", ("entropy",)),
-    SignalSpec("Grad norm (pre-clip)", ("grad_norm",)),
+    SignalSpec("Reward: mean reward per step · dotted: accuracy (share of responses rewarded)", ("reward_mean",), ("accuracy",)),
+    SignalSpec("Log-likelihood of correct responses (nats per action token): the first to fall in the LLD spiral",
+               ("ll_correct_mean",)),
+    SignalSpec("Displacement Δ of preserved responses (nats per action token) · dotted, right: share of their actions"
+               " displaced", ("delta_preserved_mean",), ("frac_actions_displaced",)),
+    SignalSpec("Entropy of the policy (nats per action token)", ("entropy",)),
+    SignalSpec("Gradient norm before clipping (L2)", ("grad_norm",)),
+    SignalSpec("Log-likelihood of incorrect responses (nats per action token)", ("ll_incorrect_mean",)),
 )
 
 LABELS: dict[str, str] = {
