@@ -13,11 +13,17 @@ Conventions
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
 import pyarrow as pa
+
+from lld_monitor import signals
 
 SCHEMA_VERSION = 1
 
-MODES = ("vanilla", "llds", "llds_ma", "unknown")
+MODES = ("vanilla", "llds", "llds_ma", "unknown")  # stored spelling; input may say llds-ma
 SOURCES = ("local", "trl", "wandb", "verl")
 STATUSES = ("running", "finished", "crashed")
 ROLES = ("action", "tool", "answer")  # answer = action tokens inside the final <answer>...</answer> span
@@ -43,30 +49,8 @@ RUNS = pa.schema(
 )
 
 # steps: one row per optimizer step (written by rank 0 only in a distributed run, from all ranks' samples).
-STEP_SIGNALS: tuple[str, ...] = (
-    "reward_mean",  # mean sequence reward over the step's rollouts
-    "reward_std",
-    "accuracy",  # fraction of rollouts with reward > 0 (exact match)
-    "ll_correct_sum",  # mean over correct responses of Σ action-token ln π_old (the rollout policy)
-    "ll_correct_mean",  # same, per action token (length-normalized)
-    "ll_incorrect_sum",
-    "ll_incorrect_mean",
-    "delta_preserved",  # mean over preserved (Â ≥ 0) responses of Σ_t Δ_t (after − before, same tokens)
-    "delta_preserved_mean",  # same, length-normalized (per action token)
-    "frac_actions_displaced",  # fraction of actions of preserved responses with Σ_k Δ < 0
-    "frac_responses_displaced",  # fraction of preserved responses with Σ Δ < 0
-    "entropy",  # mean token entropy over action tokens (rollout policy)
-    "grad_norm",  # pre-clip total grad norm (mean over the step's optimizer updates)
-    "clip_frac",  # fraction of action tokens whose PPO clip was active
-    "kl",  # k3 KL to the reference, token mean
-    "pg_loss",
-    "llds_loss",  # λ · L_LLDS (0 for vanilla runs)
-    "response_length",  # mean action tokens per response
-    "searches_per_response",  # mean valid searches per response
-    "answer_prob_mean",  # mean probability of answer-span tokens
-    "lr",
-    "step_time",  # seconds for the whole step
-)
+# The step signals, their meanings and units are the registry's (lld_monitor/signals.py, docs/signals.md).
+STEP_SIGNALS: tuple[str, ...] = signals.STEP_SIGNALS
 STEPS = pa.schema(
     [("run_id", pa.string()), ("step", pa.int64()), ("time", pa.timestamp("us", tz="UTC")), ("n_samples", pa.int32())]
     + [(name, pa.float64()) for name in STEP_SIGNALS]
@@ -135,6 +119,28 @@ ALERTS = pa.schema(
         ("message", pa.string()),
     ]
 )
+
+ALERT_COLUMNS: tuple[str, ...] = tuple(c for c in ALERTS.names if c != "run_id")
+
+
+def alert_record(alert: Any) -> dict[str, Any]:
+    """An alert (detector dataclass, mapping or object with the fields) as {column: value} over ALERT_COLUMNS."""
+    if is_dataclass(alert) and not isinstance(alert, type):
+        d = asdict(alert)
+    elif isinstance(alert, Mapping):
+        d = dict(alert)
+    else:
+        d = {c: getattr(alert, c, None) for c in ALERT_COLUMNS}
+    return {c: d.get(c) for c in ALERT_COLUMNS}
+
+
+def normalize_mode(mode: str | None) -> str:
+    """The stored spelling of a training mode: `llds-ma` and `LLDS_MA` become `llds_ma`; None is unknown."""
+    m = "unknown" if mode is None else str(mode).strip().lower().replace("-", "_")
+    if m not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)} (llds-ma is accepted too)")
+    return m
+
 
 TABLES: dict[str, pa.Schema] = {
     "runs": RUNS,

@@ -1,4 +1,5 @@
-"""Which step signal the dashboard draws, resolved from canonical or imported (verl / TRL) names, and EMA smoothing."""
+"""Which step signal the dashboard draws, resolved from canonical or imported (verl / TRL) names through
+the registry (`lld_monitor.signals`), the live panels, and EMA smoothing."""
 
 from __future__ import annotations
 
@@ -7,22 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-# canonical name -> alternative keys found in imported runs (first present wins, canonical first)
+from lld_monitor import signals as registry
+
+# canonical name -> the exact external keys found in imported runs (first present wins, canonical first).
+# Same ranking as the detector's (`signals.candidates`); proxies are not drawn under a canonical name:
+# they stay selectable under their own key (docs/signals.md).
 ALIASES: dict[str, tuple[str, ...]] = {
-    "reward_mean": ("critic/score/mean", "critic/rewards/mean", "reward", "train/reward", "rewards/mean"),
-    "accuracy": ("val/test_score/mean",),
-    "ll_correct_mean": ("actor/pos_avg_old_log_prob",),
-    "ll_incorrect_mean": ("actor/neg_avg_old_log_prob",),
-    "entropy": ("actor/entropy_loss", "actor/entropy", "entropy", "train/entropy"),
-    "grad_norm": ("actor/grad_norm", "grad_norm", "train/grad_norm"),
-    "clip_frac": ("actor/pg_clipfrac", "clip_ratio", "clip_ratio/region_mean", "train/clip_ratio"),
-    "kl": ("actor/kl_loss", "kl", "train/kl"),
-    "pg_loss": ("actor/pg_loss", "loss", "train/loss"),
-    "response_length": ("response_length/mean", "completions/mean_length", "completion_length"),
-    "searches_per_response": ("env/number_of_valid_search",),
-    "lr": ("actor/lr", "learning_rate", "train/learning_rate"),
-    "step_time": ("timing_s/step",),
+    name: tuple(src.key for src in registry.candidates(name, proxies=False) if src.key != name)
+    for name in registry.STEP_SIGNALS
 }
+COLOURS: dict[str, str] = {s.name: s.colour for s in registry.SIGNALS}
 
 
 @dataclass(frozen=True)
@@ -45,35 +40,23 @@ LIVE_PANELS: tuple[SignalSpec, ...] = (
     SignalSpec("Log-likelihood of incorrect responses (nats per action token)", ("ll_incorrect_mean",)),
 )
 
-LABELS: dict[str, str] = {
-    "reward_mean": "reward (mean)",
-    "accuracy": "accuracy",
-    "ll_correct_mean": "ll correct",
-    "ll_incorrect_mean": "ll incorrect",
-    "ll_correct_sum": "ll correct (sum)",
-    "ll_incorrect_sum": "ll incorrect (sum)",
-    "delta_preserved": "Δ preserved (sum)",
-    "delta_preserved_mean": "Δ preserved (per token)",
-    "frac_actions_displaced": "frac actions displaced",
-    "frac_responses_displaced": "frac responses displaced",
-    "entropy": "entropy",
-    "grad_norm": "grad norm",
-}
+LABELS: dict[str, str] = {s.name: s.label for s in registry.SIGNALS if s.stored}
 
 COMPARE_DEFAULT: tuple[str, ...] = (
     "reward_mean", "ll_correct_mean", "delta_preserved_mean", "frac_actions_displaced", "entropy", "grad_norm",
 )
 
 
-def label(name: str) -> str:
-    return LABELS.get(name, name)
+label = registry.label
 
 
 def resolve(signals: pd.DataFrame, name: str) -> pd.Series | None:
     """The column for `name` (canonical, else the first alias present with any value), or None."""
     for key in (name, *ALIASES.get(name, ())):
-        if key in signals.columns:
-            col = pd.to_numeric(signals[key], errors="coerce")
+        parts = registry.Source(key, registry.OURS, True).parts  # "a + b": a key derived from two
+        if all(p in signals.columns for p in parts):
+            cols = [pd.to_numeric(signals[p], errors="coerce") for p in parts]
+            col = cols[0] if len(cols) == 1 else cols[0] + cols[1]
             if col.notna().any():
                 return col
     return None
