@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lld_monitor.cli import main
-from lld_monitor.detect import detect_run
+from lld_monitor.detect import PHASE_TITLES, PHASES, detect_run
 from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral, to_verl
 from lld_monitor.logger import RunLogger
 from lld_monitor.store import open_store_reader
@@ -58,14 +58,21 @@ def test_detect_json_contract(store, capsys):
     runs = {r["name"]: r for r in out["runs"]}
     assert set(runs) == {"vanilla-s0", "llds-s0", "verl-import"}
     for r in runs.values():
-        assert set(r) == {"name", "mode", "source", "phase", "phase_starts", "collapse_step", "alerts"}
+        # the original contract's fields, plus the added ones
+        assert set(r) == {"name", "mode", "source", "phase", "phase_starts", "collapse_step", "alerts",
+                          "phase_title", "reward_collapsed", "phase_changes"}
+        assert r["phase"] in PHASES and r["phase_title"] == PHASE_TITLES[r["phase"]]
+        assert r["reward_collapsed"] == (r["collapse_step"] is not None)
+        assert r["phase_changes"][-1]["phase"] == r["phase"]
+        assert {c["phase"] for c in r["phase_changes"]} == set(r["phase_starts"])
         for a in r["alerts"]:
             assert set(a) == {"step", "phase", "severity", "signal", "value", "threshold", "message"}
             assert a["severity"] in ("info", "warning", "critical")
     v = runs["vanilla-s0"]
     assert v["mode"] == "vanilla" and v["source"] == "local" and v["phase"] == "collapse"
     assert isinstance(v["collapse_step"], int)
-    assert v["phase_starts"]["decay"] < v["collapse_step"]
+    assert v["phase_starts"]["decay"] < v["phase_starts"]["acceleration"] < v["collapse_step"]
+    assert v["phase_title"] == "reward collapsed"
     assert runs["llds-s0"]["collapse_step"] is None
     assert not [a for a in runs["llds-s0"]["alerts"] if a["severity"] != "info"]
     assert runs["verl-import"]["source"] == "wandb"
@@ -77,7 +84,7 @@ def test_detect_one_run_text_and_filter(store, capsys):
     assert main(["detect", "--store", str(path), "--run", "vanilla-s0", "--min-severity", "warning"]) == 0
     text = capsys.readouterr().out
     assert "vanilla-s0" in text and "llds-s0" not in text
-    assert "phase now: collapse" in text and "reward collapse: step" in text
+    assert "phase now: reward collapsed (collapse)" in text and "reward collapse: step" in text
     assert " info " not in text and "warning" in text
 
 

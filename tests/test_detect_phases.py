@@ -51,7 +51,10 @@ def test_decay_to_collapse_is_critical_before_reward_collapse(seed):
     assert res.collapse_step is not None and spec.collapse_start < res.collapse_step <= spec.collapse_start + 30
     crit = [a for a in res.alerts if a.severity == "critical"]
     assert crit[0].step < res.collapse_step  # phase III is named before the reward collapses
-    assert res.phase_starts["decay"] < res.phase_starts["collapse"] < res.collapse_step
+    # phase III (acceleration) is named before the reward collapses; "collapse" only once it has
+    assert res.phase_starts["decay"] < res.phase_starts["acceleration"] < res.collapse_step
+    assert res.phase_starts["collapse"] >= res.collapse_step
+    assert [p for _, p in res.phase_changes][-2:] == ["acceleration", "collapse"]
     # the reward-collapse alert itself
     rc = [a for a in res.alerts if a.signal == "reward_mean" and "reward collapse" in a.message]
     assert len(rc) == 1 and rc[0].value < rc[0].threshold
@@ -126,13 +129,17 @@ def test_hysteresis_no_flicker_and_recovery():
     t = np.arange(n, dtype=float)
     ll = -0.5 - np.clip(t - 80, 0, 70) * 0.004 + np.clip(t - 150, 0, None) * 0.004
     ll = np.minimum(ll, -0.5) + rng.normal(0, 0.02, n)
-    df = pd.DataFrame({"step": t.astype(int), "ll_correct_mean": ll, "reward_mean": 0.5 + rng.normal(0, 0.03, n)})
+    # same-token displacement: negative while the likelihood falls, positive once it rises again
+    delta = np.where((t >= 80) & (t < 150), -0.01, 0.01) + rng.normal(0, 0.003, n)
+    df = pd.DataFrame({"step": t.astype(int), "ll_correct_mean": ll, "delta_preserved_mean": delta,
+                       "reward_mean": 0.5 + rng.normal(0, 0.03, n)})
     res = detect_run(df)
     changes = [a for a in res.alerts if "phase back" in a.message or a.severity == "warning"]
     assert 1 <= sum(a.severity == "warning" for a in changes) <= 2
     assert res.phase != "decay"
     back = [a for a in res.alerts if "phase back" in a.message]
     assert back and back[0].value == back[0].threshold == DetectorConfig().exit_patience
+    assert back[0].message.startswith("left phase II (likelihood decay) — the run recovered from it")
 
 
 def test_scalar_only_verl_names_still_warn():
@@ -189,3 +196,25 @@ def test_weaker_decline_counts_when_displacement_corroborates_it(seed):
     # and displacement that is mostly positive does not corroborate
     res = detect_run(_decline_only(seed, delta_mean=+0.02), cfg)
     assert first(res.alerts) is None
+
+
+def test_reward_dip_during_decay_is_acceleration_not_collapse_and_recovery_is_said():
+    """Phase III (acceleration) is not 'reward collapsed': a run whose reward dips to 0.65 x its peak
+    during the decay and comes back enters acceleration, never collapse, and leaves it saying so."""
+    spec = SpiralSpec(steps=320, seed=4, accel_start=None, collapse_start=None)
+    df = spiral(spec)
+    t = df.step.to_numpy()
+    dip = (t >= 150) & (t < 210)
+    df["reward_mean"] = np.where(dip, df.reward_mean * 0.65, df.reward_mean)
+    res = detect_run(df)
+    assert res.collapse_step is None
+    assert "acceleration" in res.phase_starts and "collapse" not in res.phase_starts
+    entry = [a for a in res.alerts if a.phase == "acceleration" and a.severity == "critical"]
+    assert entry and entry[0].message.startswith("phase III (acceleration)")
+    assert 150 <= entry[0].step <= 180
+    left = [a for a in res.alerts if a.message.startswith("left phase III (acceleration) — the run recovered")]
+    assert left and left[0].step > 210 and left[0].value == DetectorConfig().exit_patience
+    assert res.phase != "acceleration"
+    # the phase path is recorded in order
+    path = [p for _, p in res.phase_changes]
+    assert path.index("decay") < path.index("acceleration") < len(path) - 1

@@ -4,8 +4,10 @@ raised while the run was written).
 
 `--json` prints the public contract (docs/detector.md):
 {"runs": [{"name", "mode", "source", "phase", "phase_starts": {phase: step}, "collapse_step": int|null,
-           "alerts": [{"step", "phase", "severity", "signal", "value", "threshold", "message"}]}]}
-Non-finite alert values are written as null.
+           "alerts": [{"step", "phase", "severity", "signal", "value", "threshold", "message"}],
+           "phase_title", "reward_collapsed": bool, "phase_changes": [{"step", "phase"}]}]}
+Phase keys and titles: lld_monitor.detect.phases ("acceleration" = phase III, "collapse" = the reward
+has collapsed). Non-finite alert values are written as null.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ import os
 import sys
 from pathlib import Path
 
-from lld_monitor.detect import SEVERITIES, DetectionResult, DetectorConfig, detect_run
+from lld_monitor.detect import (
+    PHASES,
+    SEVERITIES,
+    DetectionResult,
+    DetectorConfig,
+    detect_run,
+    phase_title,
+)
 
-HELP = "name each run's phase (healthy / stagnation / decay / collapse) and list its early-warning alerts"
+HELP = f"name each run's phase ({' / '.join(PHASES)}) and list its early-warning alerts"
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +84,10 @@ def run_record(run: dict, res: DetectionResult, min_severity: str = "info") -> d
             for a in res.alerts
             if SEVERITIES.index(a.severity) >= floor
         ],
+        # added fields (the ones above keep their names and meaning)
+        "phase_title": phase_title(res.phase),
+        "reward_collapsed": res.collapse_step is not None,
+        "phase_changes": [{"step": int(s), "phase": p} for s, p in res.phase_changes],
     }
 
 
@@ -97,7 +110,7 @@ def _print_text(rec: dict, out) -> None:
     starts = ", ".join(f"{k} @ {v}" for k, v in sorted(rec["phase_starts"].items(), key=lambda kv: kv[1]))
     cs = rec["collapse_step"]
     print(f"{rec['name']}  (mode {rec['mode']}, source {rec['source']})", file=out)
-    print(f"  phase now: {rec['phase']}   phases began: {starts or '-'}", file=out)
+    print(f"  phase now: {rec['phase_title']} ({rec['phase']})   phases began: {starts or '-'}", file=out)
     print(f"  reward collapse: {'step ' + str(cs) if cs is not None else 'none'}", file=out)
     if not rec["alerts"]:
         print("  alerts: none", file=out)

@@ -16,14 +16,40 @@ from .offline import (
     reward_decline_step,
     reward_series,
 )
-from .online import PHASES, SEVERITIES, Alert, DetectionResult, OnlineDetector
+from .online import (
+    PROXY_DECLINE_MESSAGE,
+    SEVERITIES,
+    Alert,
+    DetectionResult,
+    OnlineDetector,
+)
+from .phases import (
+    ACCELERATION,
+    COLLAPSE,
+    DECAY,
+    HEALTHY,
+    PHASE_SEVERITY,
+    PHASE_TITLES,
+    PHASES,
+    STAGNATION,
+    phase_level,
+    phase_title,
+)
 from .signals import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
 
 __all__ = [
+    "ACCELERATION",
+    "COLLAPSE",
+    "DECAY",
+    "HEALTHY",
     "PHASES",
+    "PHASE_SEVERITY",
+    "PHASE_TITLES",
+    "PROXY_DECLINE_MESSAGE",
     "SEVERITIES",
     "SIGNALS",
     "SIGNAL_CANDIDATES",
+    "STAGNATION",
     "Alert",
     "DetectionResult",
     "DetectorConfig",
@@ -31,6 +57,8 @@ __all__ = [
     "alerts_frame",
     "detect_run",
     "iter_signal_rows",
+    "phase_level",
+    "phase_title",
     "resolve_columns",
     "reward_collapse_step",
     "reward_decline_step",

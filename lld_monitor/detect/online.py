@@ -2,16 +2,21 @@
 alerts raised at that step. `detect_run` (offline) replays a finished run through this same class,
 so online and offline alerts cannot diverge.
 
-Phases (schema.PHASES), after the paper's trajectory (research/paper.md section 2):
-  healthy     the correct-response likelihood is still rising (or nothing is known yet)
-  stagnation  phase I: the likelihood trend is flat                                   -> info
-  decay       phase II: the likelihood declines steadily, or token displacement of
-              preserved (A >= 0) responses is persistently negative                    -> warning
-  collapse    phase III: likelihood decline accelerating, entropy / grad norm / ratio
-              surges together with the decay, or the reward has collapsed              -> critical
+Phases (names and titles: lld_monitor.detect.phases), after the paper's trajectory (research/paper.md
+section 2):
+  healthy       the correct-response likelihood is still rising (or nothing is known yet)
+  stagnation    phase I: the likelihood trend is flat                                   -> info
+  decay         phase II: the likelihood declines with displacement, or token displacement
+                of preserved (A >= 0) responses is persistently negative                -> warning
+  acceleration  phase III: likelihood decline accelerating, entropy / grad norm / ratio
+                surges together with the decay, or the reward falling during it         -> critical
+  collapse      the reward has collapsed (the definition below)                         -> critical
+A likelihood decline with NO displacement signal at all (step scalars only, e.g. a verl import) is
+never a warning: an `info` says the proxy is declining and that LLD cannot be told from drift.
 Each phase is latched with hysteresis: entered after its condition held `enter_patience`
-consecutive updates, left after it failed `exit_patience` consecutive updates; the reported phase
-is the highest latched one.
+consecutive updates (the reward collapse: as soon as it is confirmed), left after it failed
+`exit_patience` consecutive updates, with an `info` alert saying the run recovered from it; the
+reported phase is the highest latched one.
 
 REWARD COLLAPSE (the definition the evaluation uses): let r~ be the trailing mean of the last
 `reward_smooth_window` reward points and P its running maximum. The reward has collapsed at step s
@@ -30,14 +35,27 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .config import DetectorConfig
+from .phases import (
+    ACCELERATION,
+    COLLAPSE,
+    DECAY,
+    HEALTHY,
+    PHASE_SEVERITY,
+    PHASE_TITLES,
+    PHASES,
+    STAGNATION,
+    phase_level,
+)
 from .signals import SIGNALS, Candidate, first_present
 from .stats import fast_median, robust_sigma, theil_sen
 
 log = logging.getLogger(__name__)
 
-PHASES = ("healthy", "stagnation", "decay", "collapse")  # == schema.PHASES (checked in tests)
 SEVERITIES = ("info", "warning", "critical")  # == schema.SEVERITIES
-_LEVEL_SEVERITY = {"stagnation": "info", "decay": "warning", "collapse": "critical"}
+_LATCHED = (STAGNATION, DECAY, ACCELERATION, COLLAPSE)
+PROXY_DECLINE_MESSAGE = ("likelihood proxy declining, no displacement signal: cannot tell LLD from drift; "
+                         "log `lld_metrics` to know")
+__all__ = ["PHASES", "PROXY_DECLINE_MESSAGE", "SEVERITIES", "Alert", "DetectionResult", "OnlineDetector"]
 
 
 @dataclass
@@ -63,6 +81,7 @@ class DetectionResult:
     collapse_step: int | None
     alerts: list[Alert]
     signal_sources: dict[str, str] = field(default_factory=dict)  # detector signal -> column used
+    phase_changes: list[tuple[int, str]] = field(default_factory=list)  # (step, phase entered), in order
 
 
 @dataclass
@@ -71,6 +90,7 @@ class _Evidence:
     value: float
     threshold: float
     message: str
+    suspected: bool = True  # an info alert about it reads "suspected <phase>: <message>"
 
 
 class _Track:
@@ -194,14 +214,13 @@ class OnlineDetector:
             for s in SIGNALS
         }
         self._reward = _RewardCollapse(c)
-        self._latches = {
-            lvl: _Latch(int(c.enter_patience), int(c.exit_patience)) for lvl in ("stagnation", "decay", "collapse")
-        }
+        self._latches = {lvl: _Latch(int(c.enter_patience), int(c.exit_patience)) for lvl in _LATCHED}
         self._n_updates = 0
         self._last_step: int | None = None
         self._cooldown: dict[str, int] = {}
-        self.phase: str = "healthy"
+        self.phase: str = HEALTHY
         self.phase_starts: dict[str, int] = {}
+        self.phase_changes: list[tuple[int, str]] = []
         self.collapse_step: int | None = None
         self.alerts: list[Alert] = []
 
@@ -217,6 +236,7 @@ class OnlineDetector:
             collapse_step=self.collapse_step,
             alerts=list(self.alerts),
             signal_sources=self.signal_sources,
+            phase_changes=list(self.phase_changes),
         )
 
     def update(self, step: int, signals: Mapping[str, object]) -> list[Alert]:
@@ -230,7 +250,8 @@ class OnlineDetector:
         self._n_updates += 1
         out: list[Alert] = []
         if not self.phase_starts:
-            self.phase_starts["healthy"] = step
+            self.phase_starts[HEALTHY] = step
+            self.phase_changes.append((step, HEALTHY))
 
         confirmed = self._ingest(step, signals, out)
         if confirmed:
@@ -241,68 +262,80 @@ class OnlineDetector:
                 rc.smoothed, self.cfg.collapse_frac * rc.peak,
                 f"reward collapse since step {rc.collapse_step}: smoothed reward {_fmt(rc.smoothed)} has stayed "
                 f"below {self.cfg.collapse_frac:g} x its peak {_fmt(rc.peak)} for {self.cfg.collapse_patience} points",
-                phase="collapse",
+                phase=COLLAPSE,
             )
 
         warm = self._n_updates >= self.cfg.warmup_steps
-        stag_ev, decay_ev, collapse_ev, suspect_ev, suspect_decay = (
+        stag_ev, decay_ev, accel_ev, suspect_ev, suspect_decay = (
             self._evaluate(step, out) if warm else (None, [], [], [], []))
 
-        conds = {"stagnation": stag_ev is not None, "decay": bool(decay_ev), "collapse": bool(collapse_ev)}
-        if self.collapse_step is not None and self._reward.below:
-            conds["collapse"] = True
+        collapsed_now = self.collapse_step is not None and self._reward.below
+        conds = {STAGNATION: stag_ev is not None, DECAY: bool(decay_ev), ACCELERATION: bool(accel_ev),
+                 COLLAPSE: collapsed_now}
+        if confirmed:  # the collapse definition already waited `collapse_patience` points
+            self._latches[COLLAPSE].on = self._latches[COLLAPSE].enter - 1
         for lvl, latch in self._latches.items():
             entered, _ = latch.feed(conds[lvl])
-            if entered and lvl == "decay" and self.phase == "collapse" and decay_ev:
-                # the phase stays collapse, but a post-mortem needs to see the displacement evidence too
+            if entered and lvl == DECAY and phase_level(self.phase) > phase_level(DECAY) and decay_ev:
+                # the phase stays where it is, but a post-mortem needs to see the displacement evidence too
                 e = decay_ev[0]
                 self._emit(out, step, "warning", e.signal, e.value, e.threshold,
-                           f"phase II (likelihood decay) condition now also holds: {e.message}")
+                           f"{PHASE_TITLES[DECAY]} condition now also holds: {e.message}")
         # 'suspected' info alerts: first update of a new run of evidence, before the latch confirms
-        for lvl, evs in (("decay", decay_ev or suspect_decay), ("collapse", collapse_ev or suspect_ev)):
+        for lvl, evs in ((DECAY, decay_ev or suspect_decay), (ACCELERATION, accel_ev or suspect_ev)):
             latch = self._latches[lvl]
-            if evs and not latch.active and not latch.episode_open and self._level(self.phase) < self._level(lvl):
+            if evs and not latch.active and not latch.episode_open and phase_level(self.phase) < phase_level(lvl):
                 latch.episode_open = True
                 e = evs[0]
-                self._emit(out, step, "info", e.signal, e.value, e.threshold, f"suspected {lvl}: {e.message}")
+                msg = f"suspected {PHASE_TITLES[lvl]}: {e.message}" if e.suspected else e.message
+                self._emit(out, step, "info", e.signal, e.value, e.threshold, msg)
 
-        new_phase = "healthy"
-        for lvl in ("stagnation", "decay", "collapse"):
+        new_phase = HEALTHY
+        for lvl in _LATCHED:
             if self._latches[lvl].active:
                 new_phase = lvl
         if new_phase != self.phase:
-            old = self.phase
-            self.phase = new_phase
-            self.phase_starts.setdefault(new_phase, step)
-            if self._level(new_phase) > self._level(old):
-                evs = {"stagnation": [stag_ev] if stag_ev else [], "decay": decay_ev, "collapse": collapse_ev}[new_phase]
-                if new_phase == "collapse" and not evs and self.collapse_step is not None:
-                    rc = self._reward
-                    evs = [_Evidence(self._tracks["reward"].source.label, rc.smoothed,  # type: ignore[union-attr]
-                                     self.cfg.collapse_frac * rc.peak, "the reward has collapsed")]
-                e = evs[0] if evs else _Evidence("phase", math.nan, math.nan, "")
-                extra = "; also: " + "; ".join(x.message for x in evs[1:3]) if len(evs) > 1 else ""
-                self._emit(out, step, _LEVEL_SEVERITY[new_phase], e.signal, e.value, e.threshold,
-                           f"{self._title(new_phase)}: {e.message}{extra}")
-            else:
-                off = self._latches[old].off
-                self._emit(out, step, "info", "phase", float(off), float(self.cfg.exit_patience),
-                           f"phase back to {new_phase} (the {old} condition failed for {off} updates)")
+            self._change_phase(step, new_phase, out, confirmed,
+                               {STAGNATION: [stag_ev] if stag_ev else [], DECAY: decay_ev, ACCELERATION: accel_ev})
         self.alerts.extend(out)
         return out
 
+    def _change_phase(self, step: int, new_phase: str, out: list[Alert], confirmed: bool,
+                      evidence: dict[str, list[_Evidence]]) -> None:
+        old = self.phase
+        self.phase = new_phase
+        self.phase_starts.setdefault(new_phase, step)
+        self.phase_changes.append((step, new_phase))
+        if phase_level(new_phase) > phase_level(old):
+            if new_phase == COLLAPSE:
+                if confirmed:
+                    return  # the reward-collapse alert of this step is the entry alert
+                rc = self._reward
+                evs = [_Evidence(self._tracks["reward"].source.label, rc.smoothed,  # type: ignore[union-attr]
+                                 self.cfg.collapse_frac * rc.peak,
+                                 f"the smoothed reward {_fmt(rc.smoothed)} is again below "
+                                 f"{self.cfg.collapse_frac:g} x its peak {_fmt(rc.peak)}")]
+            else:
+                evs = evidence[new_phase]
+            e = evs[0] if evs else _Evidence("phase", math.nan, math.nan, "")
+            extra = "; also: " + "; ".join(x.message for x in evs[1:3]) if len(evs) > 1 else ""
+            self._emit(out, step, PHASE_SEVERITY[new_phase], e.signal, e.value, e.threshold,
+                       f"{self._title(new_phase)}: {e.message}{extra}")
+            return
+        off = self._latches[old].off
+        why = (f"the smoothed reward has been back above {self.cfg.collapse_frac:g} x its peak"
+               if old == COLLAPSE else f"the {PHASE_TITLES[old]} condition has failed")
+        recovered = " — the run recovered from it" if phase_level(old) >= phase_level(DECAY) else ""
+        self._emit(out, step, "info", "phase", float(off), float(self.cfg.exit_patience),
+                   f"left {PHASE_TITLES[old]}{recovered}: {why} on {off} consecutive updates; "
+                   f"phase back to {PHASE_TITLES[new_phase]}")
+
     # ------------------------------------------------------------------ internals
     @staticmethod
-    def _level(phase: str) -> int:
-        return PHASES.index(phase)
-
-    @staticmethod
     def _title(phase: str) -> str:
-        return {
-            "stagnation": "phase I (stagnation)",
-            "decay": "phase II (likelihood decay) — the LLD death spiral has likely begun",
-            "collapse": "phase III (collapse)",
-        }[phase]
+        if phase == DECAY:
+            return f"{PHASE_TITLES[DECAY]} — the LLD death spiral has likely begun"
+        return PHASE_TITLES[phase]
 
     def _emit(self, out: list[Alert], step: int, severity: str, signal: str, value: float, threshold: float,
               message: str, phase: str | None = None) -> None:
@@ -385,7 +418,7 @@ class OnlineDetector:
         c = self.cfg
         stag_ev: _Evidence | None = None
         decay_ev: list[_Evidence] = []
-        collapse_ev: list[_Evidence] = []
+        accel_ev: list[_Evidence] = []
         suspect_ev: list[_Evidence] = []
         suspect_decay: list[_Evidence] = []
 
@@ -406,7 +439,14 @@ class OnlineDetector:
                 net_displaced = (float(np.mean(d0 < -c.displacement_eps)) >= c.net_displacement_frac
                                  and fast_median(d0) < 0)
             corroborated = bool(net_displaced) and t.z < c.corroborated_decay_z and drop > 0
-            if declining and net_displaced is False:
+            if declining and net_displaced is None:
+                # step scalars only: a fresh-sample likelihood (proxy) declines and nothing says whether the
+                # updates displace it; drift of the sampled responses looks the same, so this is no warning
+                suspect_decay.append(_Evidence(
+                    lab, t.z, c.decay_z,
+                    f"{PROXY_DECLINE_MESSAGE} ({lab} trend z={t.z:.2f} over the last {t.n} points, "
+                    f"{drop / max(t.sigma, 1e-12):.1f} sigma below its peak)", suspected=False))
+            elif declining and net_displaced is False:
                 suspect_decay.append(_Evidence(
                     lab, t.z, c.decay_z,
                     f"{lab} declining (trend z={t.z:.2f} over the last {t.n} points) but "
@@ -424,12 +464,12 @@ class OnlineDetector:
                     f"{lab} has stopped rising: trend z={t.z:.2f} over the last {t.n} points "
                     f"(rising needs > {c.rise_z:g})")
             # acceleration of an ongoing decline (phase III)
-            if t.slope < 0 and self._latches["decay"].active:
+            if t.slope < 0 and self._latches[DECAY].active:
                 xs, ys = tr.last(int(c.accel_window))
                 if xs.size >= 3 and np.ptp(xs) > 0:
                     ts = theil_sen(xs, ys, sigma_floor=c.sigma_floor_rel * abs(fast_median(ys)))
                     if ts.slope < c.accel_factor * t.slope and ts.z < c.decay_z:
-                        collapse_ev.append(_Evidence(
+                        accel_ev.append(_Evidence(
                             lab, ts.slope / t.slope, c.accel_factor,
                             f"{lab} decline accelerating: last {ts.n} points fall {ts.slope / t.slope:.1f}x as fast as "
                             f"the last {t.n} (threshold {c.accel_factor:g}x)"))
@@ -445,7 +485,7 @@ class OnlineDetector:
                     f"{lab} < 0 on {neg:.0%} of the last {d.size} steps (threshold {c.displacement_neg_frac:.0%}): "
                     f"the step's updates keep lowering the likelihood of preserved (A >= 0) responses"))
 
-        decaying = self._latches["decay"].active  # phase III evidence counts only after a confirmed decay
+        decaying = self._latches[DECAY].active  # phase III evidence counts only after a confirmed decay
         surges: list[_Evidence] = []
         for name, sign in (("ll_correct", -1.0), ("entropy", 1.0), ("grad_norm", 1.0), ("clip_frac", 1.0),
                            ("ppo_kl", 1.0)):
@@ -466,7 +506,7 @@ class OnlineDetector:
                            f"isolated {lab} spike {_fmt(v)} (level {_fmt(level)}, baseline median {_fmt(med)}); "
                            f"not sustained, not a collapse")
         if surges and (decaying or len(surges) >= 2):
-            collapse_ev.extend(surges)
+            accel_ev.extend(surges)
         elif surges:
             suspect_ev.extend(surges)
 
@@ -474,12 +514,8 @@ class OnlineDetector:
         if decaying and math.isfinite(rc.smoothed) and rc.peak >= c.collapse_min_peak \
                 and rc.smoothed < c.reward_degrade_frac * rc.peak:
             lab = self._tracks["reward"].source.label  # type: ignore[union-attr]
-            collapse_ev.append(_Evidence(
+            accel_ev.append(_Evidence(
                 lab, rc.smoothed, c.reward_degrade_frac * rc.peak,
                 f"reward falling during the likelihood decay: smoothed {_fmt(rc.smoothed)} < "
                 f"{c.reward_degrade_frac:g} x peak {_fmt(rc.peak)}"))
-        if self.collapse_step is not None and rc.below:
-            lab = self._tracks["reward"].source.label  # type: ignore[union-attr]
-            collapse_ev.append(_Evidence(lab, rc.smoothed, c.collapse_frac * rc.peak,
-                                         f"reward collapsed since step {self.collapse_step}"))
-        return stag_ev, decay_ev, collapse_ev, suspect_ev, suspect_decay
+        return stag_ev, decay_ev, accel_ev, suspect_ev, suspect_decay

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from lld_monitor.integrations import mapping
-from lld_monitor.store import schema
+from lld_monitor.store import RunWriter, schema
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +230,6 @@ def write_run(
     progress: bool = True,
 ) -> ImportResult:
     """Write one W&B run into `store` (replacing an earlier import of the same run)."""
-    from lld_monitor.store import RunWriter  # noqa: PLC0415  (store lands in a sibling room)
-
     t0 = time.perf_counter()
     run_id = store_run_id(spec.project, spec.wandb_id)
     history = iter(history)

@@ -28,7 +28,9 @@ SOURCES = ("local", "trl", "wandb", "verl")
 STATUSES = ("running", "finished", "crashed")
 ROLES = ("action", "tool", "answer")  # answer = action tokens inside the final <answer>...</answer> span
 SEVERITIES = ("info", "warning", "critical")
-PHASES = ("healthy", "stagnation", "decay", "collapse")
+# == lld_monitor.detect.phases.PHASES as a set; "acceleration" (phase III) appended so W&B phase indices stay
+# stable (lld/phase); "collapse" now means only a collapsed reward
+PHASES = ("healthy", "stagnation", "decay", "collapse", "acceleration")
 
 # runs: one row per run (stored as the run's metadata file, exposed as a table by the reader).
 RUNS = pa.schema(
