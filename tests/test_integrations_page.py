@@ -35,8 +35,8 @@ at.text_input(key="imp_off_path").input(folder)
 at.button[0].click()   # the offline form's submit button
 at.run()
 assert not at.exception, at.exception
-assert any("Imported 6 run(s)" in s.value for s in at.success), [s.value for s in at.success]
-assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 6
+assert any("Imported 9 run(s)" in s.value for s in at.success), [s.value for s in at.success]
+assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 9
 # online form without an entity: a clear message, and no wandb.Api is ever constructed
 import wandb
 def _no_api(*a, **k):
@@ -59,7 +59,7 @@ def test_import_page_offline_and_no_torch(wandb_dir, tmp_path):
     from lld_monitor.store import open_store_reader
 
     with open_store_reader(store) as r:
-        assert len(r.runs()) == 6 and set(r.runs()["source"]) == {"wandb"}
+        assert len(r.runs()) == 9 and set(r.runs()["source"]) == {"wandb"}
 
 
 def test_import_modules_do_not_import_torch():

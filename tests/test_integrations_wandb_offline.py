@@ -85,6 +85,8 @@ RUNS = {
 MID_RUN_KEY = "val/test_score/nq"  # appears from step 6 on in verl_llds
 RESUMED_ID = "resum3d"
 RESUMED_STEPS = ([0, 1, 2, 3], [10, 11, 12])  # second segment after a resume: a gap of 6 steps
+NOSTEP_ID = "nostep1"
+TRL_RESUMED_ID = "trlres1"
 
 
 def expected_rows(name: str) -> dict[int, dict[str, float]]:
@@ -137,6 +139,37 @@ def write_runs(root: str) -> None:
             else:
                 run.log(row, step=s)
         run.finish()
+    # resumed without step= (TRL WandbCallback pattern): W&B's offline _step restarts at 0 in segment 2
+    for seg in range(2):
+        run = wandb.init(project="lldtest", name="resumed_nostep", id=NOSTEP_ID, resume="allow")
+        for i in range(3):
+            run.log({"custom/x": float(seg * 3 + i), "critic/score/mean": value("critic/score/mean", seg * 3 + i)})
+        run.finish()
+    # the same with TRL's own axis: train/global_step continues across the resume
+    for seg in range(2):
+        run = wandb.init(project="lldtest", name="resumed_trl", id=TRL_RESUMED_ID, resume="allow",
+                         config={"num_generations": 4, "use_kl_loss": False})
+        for i in range(3):
+            gs = seg * 3 + i + 1
+            run.log({"train/reward": value("train/reward", gs), "train/global_step": gs})
+        if seg == 1:
+            import pandas as pd
+
+            run.log({"train/rewards/em/mean": 0.5, "train/global_step": 6})
+            df = pd.DataFrame({"step": [6, 6, 6], "prompt": ["q1", "q1", "q2"], "completion": ["a", "b", "c"],
+                               "em": [1.0, 0.0, 1.0], "advantage": [0.7, -0.7, 0.0]})
+            run.log({"completions": wandb.Table(dataframe=df)})  # as GRPOTrainer.log does (no global_step)
+            run.summary["train_loss"] = 0.125  # summary-only scalars (transformers' end of training)
+            run.summary["train_runtime"] = 42.0
+        run.finish()
+    # current verl: pg_loss / kl_loss summed over 2 epochs x 4 mini-batches, KL off
+    run = wandb.init(project="lldtest", name="verl_sum", id="id-verl-sum", config={
+        "algorithm": {"adv_estimator": "grpo"},
+        "data": {"train_batch_size": 8},
+        "actor_rollout_ref": {"actor": {"ppo_epochs": 2, "ppo_mini_batch_size": 2, "use_kl_loss": False}}})
+    for s in range(3):
+        run.log({"actor/pg_loss": 8.0 * (s + 1), "actor/kl_loss": 0.0, "actor/pg_clipfrac_lower": 0.0}, step=s)
+    run.finish()
     # a run resumed with a gap in its steps (two offline folders, same id)
     exp = expected_resumed()
     for seg, steps in enumerate(RESUMED_STEPS):
@@ -213,6 +246,50 @@ def test_resumed_run_with_gap_is_merged(imported):
     assert cfg["segment"] == 0 and cfg["segment2"] is True
 
 
+def test_resumed_without_step_keeps_every_row(imported):
+    """6 rows logged across an offline resume without step= (W&B restarts _step at 0) -> 6 steps imported."""
+    _, results, reader = imported
+    res = results["resumed_nostep"]
+    m = reader.metrics(res.run_id)
+    x = m[m["key"] == "custom/x"].sort_values("step")
+    assert x["step"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert x["value"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert len(reader.steps(res.run_id)) == 6
+    assert any("restarts _step at 0" in p for p in res.problems)  # said, not silent
+    trl = results["resumed_trl"]
+    st = reader.steps(trl.run_id).set_index("step")
+    assert st.index.tolist() == [1, 2, 3, 4, 5, 6]
+    for gs in range(1, 7):
+        assert _same(float(st.loc[gs, "reward_mean"]), value("train/reward", gs))
+
+
+def test_summary_scalars_and_completions_table(imported):
+    _, results, reader = imported
+    res = results["resumed_trl"]
+    assert set(res.summary_keys) >= {"train_loss", "train_runtime"}
+    m = reader.metrics(res.run_id)
+    tl = m[m["key"] == "train_loss"]
+    assert tl["value"].tolist() == [0.125] and tl["step"].tolist() == [6]  # at the last step
+    assert res.samples == 3
+    sm = reader.samples(res.run_id).sort_values("sample_idx")
+    assert sm["step"].tolist() == [6, 6, 6]
+    assert sm["reward"].tolist() == [1.0, 0.0, 1.0]  # the `em` reward column (train/rewards/em/mean names it)
+    assert sm["advantage"].tolist() == [0.7, -0.7, 0.0]
+    assert sm["text"].tolist() == ["a", "b", "c"]
+    assert sm["group_id"].iloc[0] == sm["group_id"].iloc[1] != sm["group_id"].iloc[2]
+
+
+def test_verl_loss_sum_rescaled_and_no_fake_kl(imported):
+    _, results, reader = imported
+    res = results["verl_sum"]
+    st = reader.steps(res.run_id).set_index("step")
+    assert st["pg_loss"].tolist() == [1.0, 2.0, 3.0]  # 8·(s+1) summed over 2 epochs × 4 mini-batches
+    assert st["kl"].isna().all()  # use_kl_loss=False: verl's 0.0 is not a KL
+    m = reader.metrics(res.run_id)
+    assert m[m["key"] == "actor/pg_loss"]["value"].tolist() == [8.0, 16.0, 24.0]  # raw values kept
+    assert any("divided by 8" in p for p in res.problems) and any("use_kl_loss" in p for p in res.problems)
+
+
 def test_mapped_signals_in_steps(imported):
     _, results, reader = imported
     st = reader.steps(results["verl_llds"].run_id).set_index("step")
@@ -245,7 +322,8 @@ def test_mode_inferred_from_config(imported):
     _, results, reader = imported
     modes = {name: reader.run(r.run_id)["mode"] for name, r in results.items()}
     assert modes == {"verl_llds": "llds", "verl_llds_ma": "llds_ma", "verl_vanilla": "vanilla",
-                     "trl_plain": "vanilla", "nocfg": "unknown", "resumed": "vanilla"}
+                     "trl_plain": "vanilla", "nocfg": "unknown", "resumed": "vanilla",
+                     "resumed_nostep": "vanilla", "resumed_trl": "vanilla", "verl_sum": "vanilla"}
     runs = reader.runs().set_index("run_id")
     assert set(runs.loc[[r.run_id for r in results.values()], "source"]) == {"wandb"}
     assert set(runs.loc[[r.run_id for r in results.values()], "status"]) == {"finished"}
@@ -432,7 +510,7 @@ def test_cli_offline_import(wandb_dir, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and not out["missing"] and not out["failed"]
     by_name = {r["name"]: r for r in out["imported"]}
-    assert set(by_name) == set(RUNS) | {"resumed"}
+    assert set(by_name) == set(RUNS) | {"resumed", "resumed_nostep", "resumed_trl", "verl_sum"}
     assert by_name["verl_llds"]["mapped"]["grad_norm"] == "actor/grad_norm"
     assert by_name["verl_llds"]["mode"] == "llds" and by_name["verl_llds"]["rows"] == 12
     assert main(["import-wandb", "--store", str(store)]) == 2

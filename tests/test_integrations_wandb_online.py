@@ -274,4 +274,6 @@ def test_100k_rows(tmp_path):
         st = r.steps(res.run_id, columns=["step", "grad_norm"])
         assert len(st) == 100_000 and st["step"].is_monotonic_increasing
         n = r.sql("select count(*) as n from metrics where run_id = ?", [res.run_id])["n"].iloc[0]
-        assert n == res.metric_values == 100_000 * 8 + 50_000  # 6 keys + _timestamp + _runtime, late/key half
+        # 6 keys + _timestamp + _runtime, late/key half, + the summary-only scalar `x`
+        assert n == res.metric_values == 100_000 * 8 + 50_000 + 1
+    assert res.summary_keys == ["x"]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lld_monitor.integrations import mapping
+from lld_monitor.integrations import mapping, wandb_fixes
 from lld_monitor.store import RunWriter, schema
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,8 @@ class ImportResult:
     status: str
     seconds: float
     problems: list[str] = field(default_factory=list)
+    summary_keys: list[str] = field(default_factory=list)  # summary-only scalars kept in metrics
+    samples: int = 0  # `samples` rows from TRL completions tables
 
     @property
     def rows_per_s(self) -> float:
@@ -117,9 +119,11 @@ def _step_of(row: Mapping[str, Any], step_key: str) -> int | None:
 class _Accumulator:
     """Merges rows per step and emits Arrow batches for `steps` and `metrics`."""
 
-    def __init__(self, run_id: str, step_key: str):
+    def __init__(self, run_id: str, step_key: str, fix: wandb_fixes.SignalFix | None = None):
         self.run_id = run_id
         self.step_key = step_key
+        self.fix = fix
+        self.tables: list[tuple[int, str]] = []  # (step, file) of TRL completions tables
         self.pending: dict[int, dict[str, Any]] = {}
         self.keys: set[str] = set()
         self.skipped: set[str] = set()
@@ -142,6 +146,10 @@ class _Accumulator:
             self.unstepped += 1
             return
         self.last_step = step
+        for k in wandb_fixes.COMPLETIONS_KEYS:
+            ref = wandb_fixes.table_ref(k, row.get(k))
+            if ref is not None:
+                self.tables.append((step, ref))
         if step in self.steps_written:
             # already written (history not in step order after a drain): the store is append-only, so a
             # second row for the step would duplicate it. write_run only drains early on the `_step` axis,
@@ -185,7 +193,10 @@ class _Accumulator:
                 elif v is not None:
                     skipped.add(k)
             keys.update(row.keys())
-            sigs.append(mapping.map_row(row))
+            sig = mapping.map_row(row)
+            if self.fix is not None:
+                self.fix(sig)
+            sigs.append(sig)
             ts = row.get("_timestamp")
             s_time.append(float(ts) if type(ts) in num and math.isfinite(ts) else None)
         self.steps_written.update(steps)
@@ -249,6 +260,7 @@ def write_run(
         raise ValueError(f"mode must be one of {schema.MODES}, got {mode!r}")
     inferred = mapping.infer_mode(spec.config, peek_keys)
     chosen_mode, reason = (mode, "set by hand") if mode else (inferred.mode, inferred.reason)
+    fix, fix_notes, fix_done = wandb_fixes.signal_fix(spec.config, peek_keys)
     run_name = name or spec.name or spec.wandb_id
     config = dict(spec.config)
     config["_lld_monitor_import"] = {
@@ -258,6 +270,7 @@ def write_run(
         "origin": spec.origin,
         "mode_reason": reason,
         "step_key": step_key,
+        "fixes": fix_done,
         "wandb_state": spec.status,
         "imported_at": datetime.now(tz=timezone.utc).isoformat(),
     }
@@ -274,7 +287,7 @@ def write_run(
     if spec.started_at is not None:
         # when the run started on W&B, not when it was imported
         writer.update_run(started_at=spec.started_at.astimezone(timezone.utc).isoformat())
-    acc = _Accumulator(run_id, step_key)
+    acc = _Accumulator(run_id, step_key, fix)
     bar = _progress(total_rows, f"import {run_name}", progress)
     try:
         since = 0
@@ -287,6 +300,7 @@ def write_run(
                 bar.update(since)
                 since = 0
         _append(writer, *acc.drain(final=True))
+        extra_notes, summary_keys, n_samples = _append_summary_and_tables(writer, spec, acc)
         bar.update(since)
     except BaseException:
         bar.close()
@@ -295,7 +309,7 @@ def write_run(
         raise
     bar.close()
     _finish(writer, spec.status)
-    problems = []
+    problems = list(fix_notes) + extra_notes
     if acc.late:
         problems.append(f"{acc.late} history row(s) for already written steps were dropped")
     if acc.unstepped:
@@ -316,7 +330,30 @@ def write_run(
         status=spec.status,
         seconds=time.perf_counter() - t0,
         problems=problems,
+        summary_keys=summary_keys,
+        samples=n_samples,
     )
+
+
+def _append_summary_and_tables(writer: Any, spec: ImportSpec, acc: _Accumulator) -> tuple[list[str], list[str], int]:
+    """Summary-only scalars into `metrics` at the last step; TRL completions tables into `samples`."""
+    notes: list[str] = []
+    last = max(acc.steps_written) if acc.steps_written else 0
+    extra = wandb_fixes.summary_only(spec.summary, acc.keys | acc.skipped)
+    if extra:
+        writer.append("metrics", pa.table({
+            "step": pa.array([last] * len(extra), pa.int64()),
+            "key": pa.array(list(extra), pa.string()),
+            "value": pa.array(list(extra.values()), pa.float64()),
+        }))
+        acc.metric_values += len(extra)
+    n = 0
+    if acc.tables:
+        cols, table_notes = wandb_fixes.completions_samples(acc.tables, wandb_fixes.reward_function_names(acc.keys))
+        notes.extend(table_notes)
+        if cols is not None:
+            n = writer.append("samples", cols)
+    return notes, sorted(extra), n
 
 
 def _finish(writer: Any, wandb_status: str) -> None:

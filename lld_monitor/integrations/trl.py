@@ -49,12 +49,12 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from lld_monitor import lld
+from lld_monitor.aggregates import sample_sums_from_tokens
 from lld_monitor.integrations import mapping
-from lld_monitor.store.schema import ROLES, STEP_SIGNALS
+from lld_monitor.store.schema import ROLE_ACTION, ROLE_ANSWER, ROLE_TOOL, STEP_SIGNALS
 
 log = logging.getLogger(__name__)
 
-ROLE_ACTION, ROLE_TOOL, ROLE_ANSWER = (ROLES.index(r) for r in ("action", "tool", "answer"))
 _SKIP_TRL_KEYS = frozenset({"epoch", "total_flos", "train_runtime", "train_samples_per_second",
                             "train_steps_per_second", "train_loss"})
 
@@ -267,10 +267,7 @@ class LLDGRPOTrainer(GRPOTrainer):
         tok["action_idx"] = lld.action_index(action)
         adv = torch.cat([m["advantage"] for m in micro])
         reward = torch.cat([m["reward"] for m in micro])
-        stats = lld.displacement(tok["logp_new"], tok["logp_old"], action)
-        summ = lld.displacement_summary(stats, adv)
-        scalars: dict[str, float] = {k: summ[k] for k in ("delta_preserved", "delta_preserved_mean",
-                                                          "frac_actions_displaced", "frac_responses_displaced")}
+        scalars: dict[str, float] = {}  # Δ signals: RunLogger's step_aggregates over the samples' sums below
         if "entropy" in tok:
             scalars["entropy"] = float((tok["entropy"] * action).sum() / action.sum().clamp(min=1))
         llds_vals = [float(m["llds_loss"]) for m in micro if "llds_loss" in m]
@@ -286,6 +283,7 @@ class LLDGRPOTrainer(GRPOTrainer):
             "prompt_id": np.array([str(int(g)) for g in groups], dtype=object),
             "sample_idx": np.arange(len(groups), dtype=np.int32),
             "text": self._decode(tok["token_id"], mask),
+            **sample_sums_from_tokens({k: tok[k] for k in ("mask", "role", "action_idx", "logp_old", "logp_new")}),
         }
         tokens = {k: v.numpy() for k, v in tok.items()}
         tokens["mask"] = tokens["mask"].astype(bool)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from lld_monitor import lld
+from lld_monitor.aggregates import sample_sums_from_tokens, step_aggregates
 
 PREFIX = "lld/"
 
@@ -99,35 +100,18 @@ def lld_metrics(
             adv_r = adv_r.gather(1, first.unsqueeze(1)).squeeze(1)
         if adv_r.shape != (b,):
             raise ValueError(f"advantages must be [B, R] or [B] with B={b}, got {tuple(adv.shape)}")
-        out: dict[str, float] = {}
-        stats = lld.displacement(new, old, m)
-        summ = lld.displacement_summary(stats, adv_r)
-        for k in ("delta_preserved", "delta_preserved_mean", "frac_actions_displaced", "frac_responses_displaced"):
-            out[k] = summ[k]
-        n_tok = m.sum(dim=1)
-        out["response_length"] = _f(n_tok.double().mean())
-        out["n_samples"] = float(b)
-
+        # per-sample sums, then the same step aggregates as RunLogger (lld_monitor.aggregates)
+        samples: dict[str, Any] = {
+            "advantage": adv_r,
+            **sample_sums_from_tokens({"mask": m, "logp_old": old, "logp_new": new, "action_idx": lld.action_index(m)}),
+        }
         scores = _get(batch, "scores")
         tls = _get(batch, "token_level_scores", "token_level_rewards")
         if scores is None and tls is not None:
             scores = tls.float().sum(dim=-1)
         if scores is not None:
-            r = scores.detach().double().reshape(-1)
-            out["reward_mean"] = _f(r.mean())
-            out["reward_std"] = _f(r.std(unbiased=False)) if r.numel() > 1 else 0.0
-            correct = r > 0
-            out["accuracy"] = _f(correct.double().mean())
-            ll_sum = torch.where(m, old, torch.zeros(())).double().sum(dim=1)
-            ll_mean = ll_sum / n_tok.clamp(min=1)
-            has = n_tok > 0
-            for label, sel in (("correct", correct & has), ("incorrect", ~correct & has)):
-                if bool(sel.any()):
-                    out[f"ll_{label}_sum"] = _f(ll_sum[sel].mean())
-                    out[f"ll_{label}_mean"] = _f(ll_mean[sel].mean())
-                else:
-                    out[f"ll_{label}_sum"] = math.nan
-                    out[f"ll_{label}_mean"] = math.nan
+            samples["reward"] = scores.detach().double().reshape(-1)
+        out: dict[str, float] = {k: math.nan if v is None else float(v) for k, v in step_aggregates(samples).items()}
 
         ref = _get(batch, "ref_log_prob")
         if ref is not None:

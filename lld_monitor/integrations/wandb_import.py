@@ -356,7 +356,9 @@ def spec_from_offline(data: WandbRunData) -> ImportSpec:
         status=status,
         started_at=data.start_time,
         origin=str(data.path),
-        summary=data.summary,
+        # summary-only scalars are imported from a finished file only: in a file still being written the
+        # summary can be ahead of the history read so far (a key would be taken for summary-only)
+        summary=data.summary if data.complete else {},
     )
 
 

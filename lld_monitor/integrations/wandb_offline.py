@@ -181,6 +181,15 @@ def _collapse_media(row: dict[str, Any]) -> None:
         row[p] = obj
 
 
+def _locate_media_files(row: dict[str, Any], files_dir: Path) -> None:
+    """A media value saved as a file (a W&B table: `{"_type": "table-file", "path": "media/table/..."}`) gets
+    `_file`, the absolute path of that file in the run folder, so the importer can read it (TRL's
+    `completions` table lands in `samples`)."""
+    for v in row.values():
+        if isinstance(v, dict) and isinstance(v.get("path"), str) and "_type" in v:
+            v["_file"] = str(files_dir / v["path"])
+
+
 def decode_value(value_json: str) -> Any:
     """Decode a W&B `value_json` (JSON with NaN / Infinity / -Infinity allowed).
 
@@ -235,6 +244,7 @@ def read_wandb_file(path: str | Path, *, summary: bool = False) -> WandbRunData:
                 except ValueError:
                     out.problems.append(f"history value for {_item_key(item)!r} is not JSON; skipped")
             _collapse_media(row)
+            _locate_media_files(row, path.parent / "files")
             if "_step" not in row and rec.history.HasField("step"):
                 row["_step"] = rec.history.step.num
             out.history.append(row)
@@ -262,6 +272,7 @@ def read_wandb_file(path: str | Path, *, summary: bool = False) -> WandbRunData:
             out.summary[k] = decode_value(v)
         except ValueError:
             pass
+    _collapse_media(out.summary)  # a table in the summary is one value, not numeric-looking fields
     out.truncated = stats.truncated
     out.problems = stats.problems + out.problems
     out.config.pop("_wandb", None)
@@ -315,18 +326,37 @@ def find_run_files(root: str | Path) -> list[Path]:
     return found
 
 
+STEP_AXES = ("lld/step", "train/global_step")  # the run's own optimizer-step keys (mapping.LLD_STEP_KEY / TRL_STEP_KEY)
+
+
+def _own_step_axis(parts: list[WandbRunData]) -> str | None:
+    for axis in STEP_AXES:
+        if any(axis in row for p in parts for row in p.history):
+            return axis
+    return None
+
+
 def merge_segments(parts: list[WandbRunData]) -> WandbRunData:
     """Merge the files of one run id (a run resumed offline writes a second folder with the same id).
 
-    Segments are ordered by start time; config and summary are updated in order; a history row whose
-    step appears again in a later segment is replaced by the later one (what W&B shows after a resume).
+    Segments are ordered by start time; config and summary are updated in order. History rows are merged on
+    the run's real step axis, never overwritten without a word:
+    - a run that logs its own step (`train/global_step` from transformers' WandbCallback, `lld/step` from our
+      exporter) keeps every row of every segment in order; the importer merges them on that key;
+    - otherwise `_step`: a segment that starts again at `_step` 0 after an earlier segment (a resume without
+      `step=`, W&B's offline counter restarts) is shifted to continue after the previous segment, and the
+      shift is reported in `problems`; a segment that logs an already-logged `_step` again with an explicit
+      `step=` (a replay from a checkpoint) replaces those rows, also reported with the count.
     """
     if len(parts) == 1:
         return parts[0]
     parts = sorted(parts, key=lambda p: (p.start_time or datetime.min.replace(tzinfo=timezone.utc), str(p.path)))
     merged = WandbRunData(path=parts[-1].path)
+    axis = _own_step_axis(parts)
     by_step: dict[Any, dict[str, Any]] = {}
+    ordered: list[dict[str, Any]] = []
     unstepped: list[dict[str, Any]] = []
+    last: int | None = None  # highest `_step` of the segments merged so far
     for p in parts:
         merged.run_id = p.run_id or merged.run_id
         merged.name = p.name or merged.name
@@ -335,18 +365,42 @@ def merge_segments(parts: list[WandbRunData]) -> WandbRunData:
         merged.start_time = merged.start_time or p.start_time
         _deep_update(merged.config, p.config)
         merged.summary.update(p.summary)
-        for row in p.history:
-            step = row.get("_step")
-            if step is None:
-                unstepped.append(row)
-            else:
-                by_step[step] = row
         merged.problems.extend(f"{p.path.name}: {m}" for m in p.problems)
         for k, v in p.record_types.items():
             merged.record_types[k] = merged.record_types.get(k, 0) + v
-    merged.history = [by_step[s] for s in sorted(by_step)] + unstepped
-    last = parts[-1]
-    merged.complete, merged.exit_code, merged.truncated = last.complete, last.exit_code, last.truncated
+        if axis is not None:
+            ordered.extend(p.history)
+            continue
+        steps = [r["_step"] for r in p.history if isinstance(r.get("_step"), int)]
+        offset = 0
+        if steps and last is not None and min(steps) == 0:
+            offset = last + 1
+            merged.problems.append(
+                f"{p.path.name}: resumed segment restarts _step at 0 (logged without step=); its {len(steps)} "
+                f"row(s) continue after step {last} (steps {offset}..{offset + max(steps)})"
+            )
+        replaced = 0
+        for row in p.history:
+            step = row.get("_step")
+            if not isinstance(step, int):
+                unstepped.append(row)
+                continue
+            if offset:
+                row = {**row, "_step": step + offset}
+                step += offset
+            if step in by_step:
+                replaced += 1
+            by_step[step] = row
+        if replaced:
+            merged.problems.append(
+                f"{p.path.name}: resumed segment logs {replaced} step(s) again with explicit step=; "
+                "the later rows replace the earlier ones (what W&B shows after a resume)"
+            )
+        if steps:
+            last = max(last if last is not None else -1, max(steps) + offset)
+    merged.history = ordered if axis is not None else [by_step[s] for s in sorted(by_step)] + unstepped
+    tail = parts[-1]
+    merged.complete, merged.exit_code, merged.truncated = tail.complete, tail.exit_code, tail.truncated
     return merged
 
 
@@ -364,7 +418,7 @@ def read_offline_runs(root: str | Path) -> list[WandbRunData]:
     groups: dict[str, list[WandbRunData]] = {}
     for f in find_run_files(root):
         try:
-            data = read_wandb_file(f)
+            data = read_wandb_file(f, summary=True)
         except NotAWandbFileError as exc:
             log.warning("skipping %s: %s", f, exc)
             continue

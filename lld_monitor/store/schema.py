@@ -27,6 +27,7 @@ MODES = ("vanilla", "llds", "llds_ma", "unknown")  # stored spelling; input may 
 SOURCES = ("local", "trl", "wandb", "verl")
 STATUSES = ("running", "finished", "crashed")
 ROLES = ("action", "tool", "answer")  # answer = action tokens inside the final <answer>...</answer> span
+ROLE_ACTION, ROLE_TOOL, ROLE_ANSWER = range(len(ROLES))  # the codes of `tokens['role']` in RunLogger.log_step
 SEVERITIES = ("info", "warning", "critical")
 # == lld_monitor.detect.phases.PHASES as a set; "acceleration" (phase III) appended so W&B phase indices stay
 # stable (lld/phase); "collapse" now means only a collapsed reward
