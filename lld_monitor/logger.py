@@ -2,9 +2,8 @@
 
 On the caller's thread `log_step` only copies what it is given to CPU numpy (torch tensors are
 detached and copied; torch itself is never imported here) and puts it on a bounded queue. A
-background thread computes the step aggregates from all samples, builds the Arrow batches for the
-steps / metrics / samples / tokens tables, runs the online detector (if `lld_monitor.detect` is
-importable), forwards to W&B (if asked) and flushes the store every `flush_every_steps` steps or
+background thread computes the step aggregates from all samples (`aggregates.step_aggregates`), builds
+the Arrow batches for the steps / metrics / samples / tokens tables, runs the online detector, forwards to W&B (if asked) and flushes the store every `flush_every_steps` steps or
 `flush_every_s` seconds, whichever comes first.
 
 ```python
@@ -35,6 +34,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .aggregates import derive_sample_columns, sample_sums_from_tokens, step_aggregates, to_numpy
+from .detect import OnlineDetector
 from .store import RunWriter, WriterConfig, schema
 
 log = logging.getLogger(__name__)
@@ -44,26 +45,12 @@ SAMPLE_COLUMNS = tuple(n for n in schema.SAMPLES.names if n not in ("run_id", "s
 REQUIRED_SAMPLE_COLUMNS = ("reward", "advantage", "group_id")
 TOKEN_COLUMNS = ("token_id", "mask", "role", "action_idx", "logp_old", "logp_new", "logp_ref", "entropy")
 TOOL_ROLE = schema.ROLES.index("tool")
+__all__ = ["RunLogger", "step_aggregates", "derive_sample_columns", "sample_sums_from_tokens", "to_numpy", "to_float"]
 _ROLES_ARROW = pa.array(list(schema.ROLES), type=pa.string())
 _STOP = object()
 
 
 # ----------------------------------------------------------------------------- caller-thread copies
-def to_numpy(value: Any) -> np.ndarray:
-    """A private CPU numpy copy of a tensor / array / list (torch is duck-typed, not imported)."""
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor
-        t = value.detach()
-        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
-            t = t.float()
-        on_cpu = str(t.device) == "cpu"
-        arr = t.cpu().numpy()
-        return arr.copy() if on_cpu else arr
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    arr = np.asarray(value)
-    return arr.copy() if arr is value else arr
-
-
 def to_float(value: Any, name: str = "scalar") -> float:
     """One float from a number, a 0-d / 1-element tensor or array (NaN and inf kept)."""
     if hasattr(value, "detach"):
@@ -86,94 +73,6 @@ def _copy_columns(cols: Mapping[str, Any] | None, what: str, allowed: Sequence[s
         if k not in allowed:
             raise ValueError(f"log_step: unknown {what} column {k!r}; allowed: {list(allowed)}")
         out[k] = to_numpy(v)
-    return out
-
-
-# ----------------------------------------------------------------------------- aggregates (numpy)
-def _mean(x: np.ndarray) -> float | None:
-    """Mean of a possibly empty array: None (NULL, 'no such data') when empty; NaN stays NaN."""
-    return float(np.mean(x)) if x.size else None
-
-
-def derive_sample_columns(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Fill delta_sum / delta_mean / correct where the inputs for them are present and they are not."""
-    s = dict(s)
-    n = len(s["reward"])
-    if "delta_sum" not in s and "logp_old_sum" in s and "logp_new_sum" in s:
-        s["delta_sum"] = s["logp_new_sum"].astype(np.float64) - s["logp_old_sum"].astype(np.float64)
-    if "delta_mean" not in s and "delta_sum" in s and "n_action_tokens" in s:
-        nt = s["n_action_tokens"].astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            s["delta_mean"] = np.where(nt > 0, s["delta_sum"] / np.where(nt > 0, nt, 1), np.nan)
-    if "correct" not in s:
-        s["correct"] = np.asarray(s["reward"], dtype=np.float64) > 0
-    assert all(len(v) == n for v in s.values() if isinstance(v, np.ndarray) and v.ndim)
-    return s
-
-
-def step_aggregates(samples: Mapping[str, np.ndarray]) -> dict[str, float | int | None]:
-    """The step signals that follow from per-sample columns (see schema.STEP_SIGNALS for meanings).
-
-    reward_std is the population std (ddof=0). A signal whose subset is empty (no correct responses,
-    no preserved ones) is None (NULL), never 0; NaN inputs give NaN.
-    """
-    s = derive_sample_columns(dict(samples))
-    reward = np.asarray(s["reward"], dtype=np.float64)
-    out: dict[str, float | int | None] = {"n_samples": int(reward.size)}
-    out["reward_mean"] = _mean(reward)
-    out["reward_std"] = float(np.std(reward)) if reward.size else None
-    correct = np.asarray(s["correct"], dtype=bool)
-    out["accuracy"] = _mean(correct.astype(np.float64))
-    nt = s["n_action_tokens"].astype(np.float64) if "n_action_tokens" in s else None
-    if "logp_old_sum" in s:
-        lp = s["logp_old_sum"].astype(np.float64)
-        for label, sel in (("correct", correct), ("incorrect", ~correct)):
-            out[f"ll_{label}_sum"] = _mean(lp[sel])
-            if nt is not None:
-                ok = sel & (nt > 0)
-                out[f"ll_{label}_mean"] = _mean(lp[ok] / nt[ok])
-    if "advantage" in s and "delta_sum" in s:
-        pres = np.asarray(s["advantage"], dtype=np.float64) >= 0
-        d = s["delta_sum"].astype(np.float64)[pres]
-        out["delta_preserved"] = _mean(d)
-        out["frac_responses_displaced"] = _mean((d < 0).astype(np.float64))
-        if "delta_mean" in s:
-            dm = s["delta_mean"].astype(np.float64)[pres]
-            out["delta_preserved_mean"] = _mean(dm[~np.isnan(dm)] if nt is not None else dm)
-        if "n_actions_displaced" in s and "n_actions" in s:
-            den = float(np.sum(s["n_actions"][pres]))
-            out["frac_actions_displaced"] = float(np.sum(s["n_actions_displaced"][pres])) / den if den > 0 else None
-    if nt is not None:
-        out["response_length"] = _mean(nt)
-    if "n_searches" in s:
-        out["searches_per_response"] = _mean(s["n_searches"].astype(np.float64))
-    return out
-
-
-def sample_sums_from_tokens(tok: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-sample action-token sums from [N, T] token arrays (tool tokens and masked positions excluded)."""
-    mask = tok["mask"].astype(bool) if "mask" in tok else np.ones(tok["token_id"].shape, dtype=bool)
-    if "role" in tok:
-        mask = mask & (tok["role"] != TOOL_ROLE)
-    out: dict[str, np.ndarray] = {"n_action_tokens": mask.sum(axis=1).astype(np.int32)}
-    if "logp_old" in tok:
-        out["logp_old_sum"] = np.where(mask, tok["logp_old"].astype(np.float64), 0.0).sum(axis=1)
-    if "logp_new" in tok:
-        out["logp_new_sum"] = np.where(mask, tok["logp_new"].astype(np.float64), 0.0).sum(axis=1)
-    if "action_idx" in tok:
-        aidx = np.where(mask, tok["action_idx"].astype(np.int64), -1)
-        n = aidx.shape[0]
-        n_act = (aidx.max(axis=1) + 1).clip(min=0)
-        out["n_actions"] = n_act.astype(np.int32)
-        if "logp_old" in tok and "logp_new" in tok and n_act.max(initial=0) > 0:
-            a = int(n_act.max())
-            d = np.where(mask, tok["logp_new"].astype(np.float64) - tok["logp_old"].astype(np.float64), 0.0)
-            sums = np.zeros((n, a))
-            rows = np.broadcast_to(np.arange(n)[:, None], aidx.shape)
-            valid = aidx >= 0
-            np.add.at(sums, (rows[valid], aidx[valid]), d[valid])
-            has = np.arange(a)[None, :] < n_act[:, None]
-            out["n_actions_displaced"] = ((sums < 0) & has).sum(axis=1).astype(np.int32)
     return out
 
 
@@ -284,7 +183,7 @@ class RunLogger:
         # first use of Arrow's compute kernels costs ~0.5 s: pay it here, not inside a step
         _ROLES_ARROW.take(pa.array([0]))
         pa.repeat(pa.scalar("x"), 2)
-        self._detector = self._make_detector() if (detector and rank == 0) else None
+        self._detector = OnlineDetector() if (detector and rank == 0) else None
         self._wandb = self._make_wandb(wandb) if (wandb is not None and wandb is not False and rank == 0) else None
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._abort_status: str | None = None
@@ -299,18 +198,7 @@ class RunLogger:
         if handle_signals:
             _install_hooks()
 
-    # ------------------------------------------------------------------ optional parts (lazy imports)
-    def _make_detector(self) -> Any:
-        try:
-            from lld_monitor.detect import OnlineDetector  # noqa: PLC0415 - optional, written by another room
-
-            return OnlineDetector()
-        except ImportError:
-            log.debug("lld_monitor.detect not importable: no online alerts for %s", self.run_id)
-        except Exception:  # noqa: BLE001 - a broken detector must not stop training
-            log.exception("online detector unavailable for run %s; logging continues without alerts", self.run_id)
-        return None
-
+    # ------------------------------------------------------------------ optional parts
     def _make_wandb(self, run: Any) -> Any:
         if run is True:
             import wandb as _wandb  # noqa: PLC0415
@@ -445,8 +333,8 @@ class RunLogger:
                 log.exception("online detector failed at step %d; disabled for run %s", it.step, self.run_id)
                 self._detector = None
             if alerts:
-                recs = [dataclasses.asdict(a) if dataclasses.is_dataclass(a) else dict(a) for a in alerts]
-                w.append("alerts", {c: [r.get(c) for r in recs] for c in schema.ALERTS.names if c != "run_id"})
+                recs = [schema.alert_record(a) for a in alerts]
+                w.append("alerts", {c: [r[c] for r in recs] for c in schema.ALERT_COLUMNS})
         if self._wandb is not None:
             try:
                 self._wandb_forward(it.step, signals, alerts)
