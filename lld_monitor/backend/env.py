@@ -21,11 +21,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from lld_monitor.store.schema import ROLE_ACTION, ROLE_TOOL
+
 from .retriever import Retriever, format_observation
 
 log = logging.getLogger(__name__)
 
-ROLE_ACTION, ROLE_TOOL, ROLE_ANSWER = 0, 1, 2
 INVALID_MESSAGE = "invalid action . use search or answer ."
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 

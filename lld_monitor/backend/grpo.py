@@ -22,7 +22,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .config import TrainConfig
 
@@ -191,8 +191,9 @@ class Trainer:
         import torch
 
         from lld_monitor import lld
+        from lld_monitor.store.schema import ROLE_ACTION, ROLE_ANSWER
 
-        from .env import ROLE_ACTION, ROLE_ANSWER, format_prompt, rollout
+        from .env import format_prompt, rollout
         from .reward import em_reward
 
         cfg, g = self.cfg, self.cfg.grpo
@@ -274,17 +275,18 @@ class Trainer:
         t_upd = time.perf_counter() - t0 - t_gen - t_ref
         with torch.no_grad():
             logp_new, _ = sequence_logprobs(self.model, ids, am, P, temp)
-        stats = lld.displacement(logp_new, logp_old, act)
-        summary = lld.displacement_summary(stats, adv_d)
         step_time = time.perf_counter() - t0
         return self._log_payload(step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
-                                 ent_old, stats, summary, upd, vs_mean, dict(step=step_time, gen=t_gen, ref=t_ref, update_actor=t_upd),
+                                 ent_old, upd, vs_mean, dict(step=step_time, gen=t_gen, ref=t_ref, update_actor=t_upd),
                                  lr_step)
 
     def _log_payload(self, step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
-                     ent_old, stats, summary, upd, vs_mean, timing, lr_now) -> dict:
+                     ent_old, upd, vs_mean, timing, lr_now) -> dict:
         import numpy as np
         import torch
+
+        from lld_monitor import lld
+        from lld_monitor.aggregates import sample_sums_from_tokens
 
         def mean(xs):
             xs = [x for x in xs if not (isinstance(x, float) and math.isnan(x))]
@@ -339,9 +341,9 @@ class Trainer:
             scalars["actor/kl_loss"] = scalars["kl"]
         if upd["beta"]:
             scalars["actor/answer_weight"] = mean(upd["beta"])
-        # ---- per sample (exact every step)
-        n_act_tok = act.sum(-1)
-        n_disp = ((stats.action_sum < 0) & stats.action_valid).sum(-1)
+        # ---- per sample (exact every step): action-token sums as every other path computes them
+        sums = sample_sums_from_tokens({"mask": act, "logp_old": logp_old, "logp_new": logp_new,
+                                        "action_idx": lld.action_index(act)})
         samples = {
             "sample_idx": np.arange(len(rows), dtype=np.int32),
             "prompt_id": [q.qid for _, q in rows],
@@ -349,14 +351,8 @@ class Trainer:
             "reward": rewards.numpy().astype(np.float64),
             "advantage": adv.numpy().astype(np.float64),
             "correct": (rewards > 0).numpy(),
-            "n_actions": stats.action_valid.sum(-1).cpu().numpy().astype(np.int32),
             "n_searches": np.asarray(ro.n_searches, dtype=np.int32),
-            "n_action_tokens": n_act_tok.cpu().numpy().astype(np.int32),
-            "logp_old_sum": (lo_m.sum(-1)).cpu().double().numpy(),
-            "logp_new_sum": torch.where(act, logp_new, torch.zeros_like(logp_new)).sum(-1).cpu().double().numpy(),
-            "delta_sum": stats.response_sum.cpu().double().numpy(),
-            "delta_mean": stats.response_mean.cpu().double().numpy(),
-            "n_actions_displaced": n_disp.cpu().numpy().astype(np.int32),
+            **sums,
             "question": [q.question for _, q in rows],
             "gold": [" | ".join(q.answers) for _, q in rows],
             "text": ro.response_texts,
@@ -364,8 +360,6 @@ class Trainer:
         tokens = None
         le = self.cfg.log
         if le.token_every > 0 and step % le.token_every == 0 and le.token_groups != 0:
-            from lld_monitor import lld
-
             nan = torch.full_like(logp_old, float("nan"))
             tokens = {
                 "token_id": ro.response_ids,
@@ -378,7 +372,7 @@ class Trainer:
             }
             if logp_ref is not None:
                 tokens["logp_ref"] = torch.where(act, logp_ref, nan)
-        return {"scalars": scalars, "samples": samples, "tokens": tokens, "summary": summary}
+        return {"scalars": scalars, "samples": samples, "tokens": tokens}
 
     # ------------------------------------------------------------------ the loop
     def _gather_samples(self, samples: dict) -> dict | None:
@@ -400,7 +394,10 @@ class Trainer:
     def train(self, steps: int | None = None, on_step=None) -> str:
         from tqdm import tqdm
 
+        from lld_monitor.aggregates import step_aggregates
+        from lld_monitor.detect import OnlineDetector
         from lld_monitor.logger import RunLogger
+        from lld_monitor.store.schema import normalize_mode
 
         steps = self.cfg.steps if steps is None else steps
         run_id = self.run_id
@@ -415,19 +412,12 @@ class Trainer:
             dist.broadcast_object_list(holder, src=0)
             run_id = holder[0]
         le = self.cfg.log
-        mode = {"vanilla": "vanilla", "llds": "llds", "llds-ma": "llds_ma"}[self.cfg.mode]
+        mode = normalize_mode(self.cfg.mode)
         try:
             vocab = token_texts(self.tok)
         except Exception:  # noqa: BLE001 - token texts are a nicety
             vocab = None
-        detector = None
-        if self.dist.rank == 0:
-            try:
-                from lld_monitor.detect import OnlineDetector
-
-                detector = OnlineDetector()
-            except ImportError:
-                detector = None
+        detector = OnlineDetector() if self.dist.rank == 0 else None
         logger = RunLogger(
             self.store, self.run_name, mode, self.cfg.to_dict(), source="local", model=self.model_name, run_id=run_id,
             rank=self.dist.rank, world_size=self.dist.world_size, flush_every_steps=le.flush_every_steps,
@@ -444,20 +434,19 @@ class Trainer:
                 logger.log_step(s, scalars=payload["scalars"] if self.dist.rank == 0 else None,
                                 samples=payload["samples"], tokens=payload["tokens"], all_samples=all_s)
                 if self.dist.rank == 0:
-                    import numpy as np
-
-                    rw = float(np.mean(all_s["reward"])) if all_s is not None else float(np.mean(payload["samples"]["reward"]))
+                    agg = step_aggregates(all_s if all_s is not None else payload["samples"])  # what the logger writes
+                    rw = float(agg["reward_mean"])
                     phase = "-"
                     if detector is not None:
-                        sig = {k: v for k, v in payload["scalars"].items()}
-                        sig.update({"reward_mean": rw, **{k: v for k, v in payload["summary"].items()}})
+                        sig = {**payload["scalars"], **agg}
                         try:
                             detector.update(s, sig)
                             phase = detector.phase
                         except Exception:  # noqa: BLE001
                             log.exception("detector failed; the bar shows no phase")
                             detector = None
-                    d = payload["summary"].get("delta_preserved", float("nan"))
+                    d = agg.get("delta_preserved")
+                    d = float("nan") if d is None else d
                     bar.set_postfix(reward=f"{rw:.3f}", delta=f"{d:+.3f}", phase=phase, gn=f"{payload['scalars']['grad_norm']:.2f}")
                 if on_step is not None:
                     on_step(s, payload)

@@ -38,6 +38,10 @@ from .phases import (
 from .signals import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
 
 __all__ = [
+    "OnsetConfig",
+    "find_onset",
+    "onset_table",
+    "post_mortem_reference",
     "ACCELERATION",
     "COLLAPSE",
     "DECAY",
