@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="alternating on/off repetitions")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from lld_monitor.backend.config import LogSettings, TrainConfig
+    from lld_monitor.backend.config import TrainConfig
 
     base = TrainConfig()
     on = replace(base, log=replace(base.log, token_every=1))

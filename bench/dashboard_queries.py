@@ -120,9 +120,9 @@ def page_timings(store: Path, reps: int) -> dict[str, float]:
 
 
 def serve_to_first_chart(store: Path, reps: int) -> tuple[list[float], list[float]]:
-    from bench.browser_check import time_to_first_chart
     import socket
 
+    from bench.browser_check import time_to_first_chart
     from lld_monitor.commands.serve import start_server, stop_server, wait_ready
 
     out, ready = [], []

@@ -40,8 +40,8 @@ RETRIES, SLEEP = 40, 0.05
 
 def _tables(flushes: int):
     import pyarrow as pa
-
     from logger_bench import N, token_tables
+
     from lld_monitor.store import schema
 
     rng = np.random.default_rng(0)

@@ -14,8 +14,8 @@ import argparse
 import logging
 import sys
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +124,7 @@ def _step_rows(cfg: SynthConfig, curves: dict[str, np.ndarray], i: int, rng: np.
         "delta_sum": delta.sum(1), "delta_mean": delta.mean(1),
         "n_actions_displaced": ((act0 < 0).astype(np.int32) + (act1 < 0).astype(np.int32)),
         "question": [f"Who wrote 'War & Peace'? (q{i}-{g})" for g in groups],
-        "gold": ["Tolstoy"] * n, "text": [f"<search>who wrote war and peace</search> ... <answer>Tolstoy</answer>"] * n,
+        "gold": ["Tolstoy"] * n, "text": ["<search>who wrote war and peace</search> ... <answer>Tolstoy</answer>"] * n,
     }
     tokens = None
     if with_tokens:

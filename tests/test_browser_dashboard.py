@@ -18,9 +18,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _net import free_port
+
 from bench import browser_check as bc  # noqa: E402
 from bench.synth_store import write_pair  # noqa: E402
-from _net import free_port
 
 pytestmark = [
     pytest.mark.browser,

@@ -27,10 +27,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.soak import payload  # noqa: E402
-from lld_monitor.store import NotAStoreError, RunWriter, StoreError, WriterConfig, open_store_reader  # noqa: E402
-from lld_monitor.store import layout  # noqa: E402
 from _net import free_port
+
+from bench.soak import payload  # noqa: E402
+from lld_monitor.store import (  # noqa: E402
+    NotAStoreError,
+    RunWriter,
+    StoreError,
+    WriterConfig,
+    layout,  # noqa: E402
+    open_store_reader,
+)
 
 N_SAMPLES, N_TOKENS = 20, 64
 
@@ -275,7 +282,6 @@ def test_disk_full_is_reported_training_goes_on_and_flushed_data_stays(tmp_path,
         assert before == list(range(10))
         filler = disk.fill()
         with caplog.at_level(logging.ERROR, logger="lld_monitor"):
-            t0 = time.monotonic()
             step_times = []
             for s in range(10, 60):  # the training loop keeps going while the disk is full
                 smp, tok = payload(s, rng, 40, 200)

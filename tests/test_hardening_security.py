@@ -7,7 +7,6 @@ import ast
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -16,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-
 from _net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,11 +7,16 @@ import json
 import logging
 
 import duckdb
-import numpy as np
 import pytest
 
-from lld_monitor.store import (NewerSchemaError, NotAStoreError, RunNotFoundError, RunWriter, StoreError,
-                               open_store_reader)
+from lld_monitor.store import (
+    NewerSchemaError,
+    NotAStoreError,
+    RunNotFoundError,
+    RunWriter,
+    StoreError,
+    open_store_reader,
+)
 
 ODD_NAME = "x'); DROP TABLE steps; -- \"quoted\" ünïcödé 🚀; semi;colons"
 

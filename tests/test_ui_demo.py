@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _net import free_port
 
 from lld_monitor.commands import demo
-from _net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections import OrderedDict
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
