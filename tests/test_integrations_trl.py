@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 
 import pytest
 
@@ -239,3 +238,121 @@ def test_grad_accumulation_and_sparse_logging(tokenizer, tmp_path):
         assert (steps["delta_preserved"].abs() < 1e-6).all()
         assert steps["grad_norm"].notna().tolist() == [False, True, False]
         assert len(r.samples(run["run_id"], step=3)) == 8
+
+
+# --------------------------------------------------------------------------- guards, tools, adaptive β
+
+
+def test_unsupported_trl_internals_raise_a_clear_error():
+    """If TRL's internals move, construction fails naming the supported range (LLDS can never silently no-op)."""
+    from lld_monitor.integrations.trl import SUPPORTED_TRL, UnsupportedTRLError, check_trl_internals
+
+    check_trl_internals()  # the installed TRL is supported
+
+    class Moved(GRPOTrainer):
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None):  # compute_entropy gone
+            raise AssertionError
+
+        def _compute_loss(self, model, inputs):  # no longer asks for entropies
+            return 0.0
+
+    with pytest.raises(UnsupportedTRLError) as ei:
+        check_trl_internals(Moved)
+    assert SUPPORTED_TRL in str(ei.value) and "pip install" in str(ei.value)
+
+
+def test_uncaptured_forward_raises_instead_of_silently_dropping_llds(tokenizer, tmp_path, monkeypatch):
+    from lld_monitor.integrations.trl import LLDGRPOTrainer, UnsupportedTRLError
+
+    trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
+                             train_dataset=dataset(), processing_class=tokenizer, llds=lld.LLDSConfig(lam=0.3))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs, _ = _fixed_batch(trainer, tokenizer)
+    # a TRL whose loss no longer goes through the captured method
+    monkeypatch.setattr(LLDGRPOTrainer, "_get_per_token_logps_and_entropies",
+                        lambda self, *a, **k: GRPOTrainer._get_per_token_logps_and_entropies(self, *a, **k))
+    with pytest.raises(UnsupportedTRLError):
+        trainer._compute_loss(trainer.model, inputs)
+
+
+@pytest.mark.parametrize(("ga", "spg", "mu", "kept"), [(4, 2, 2, False), (1, 1, 2, True), (2, 2, 1, False),
+                                                       (4, 4, 1, False), (3, 2, 1, True)])
+def test_old_logps_warning_uses_trls_rule(tokenizer, tmp_path, caplog, ga, spg, mu, kept):
+    from lld_monitor.integrations.trl import LLDGRPOTrainer
+
+    args = grpo_args(tmp_path, gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=mu,
+                     per_device_train_batch_size=4, num_generations=4)
+    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.trl"):
+        trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=args,
+                                 train_dataset=dataset(), processing_class=tokenizer, llds=lld.LLDSConfig())
+    assert trainer.lld_old_logps_kept is kept
+    warned = any("keeps no old log-probs" in r.getMessage() for r in caplog.records)
+    assert warned is (not kept)
+
+
+def _with_tools(inputs):
+    """Rows 1 and 4 carry tool results: tool_mask 0 on positions 2-3 (one call) and 5-6 (a second call, row 4)."""
+    tool = torch.ones_like(inputs["completion_mask"])
+    tool[1, 2:4] = 0
+    tool[4, 2:4] = 0
+    tool[4, 5:7] = 0
+    return {**inputs, "tool_mask": tool}
+
+
+def test_tool_tokens_excluded_and_adaptive_beta_from_tool_calls(tokenizer, tmp_path):
+    """TRL tool calling (`tools=` / rollout_func env_mask -> tool_mask): tool tokens are not in the LLDS term,
+    and LLDS-MA's adaptive β uses V = mean tool calls per completion of the generation batch."""
+    from lld_monitor.integrations.trl import LLDGRPOTrainer, tool_call_counts
+
+    torch.set_num_threads(1)
+    a_open = tokenizer.convert_tokens_to_ids(["<answer>"])
+    a_close = tokenizer.convert_tokens_to_ids(["</answer>"])
+    cfg = lld.LLDSConfig(lam=0.3, adaptive_beta="paper", v_base=2.0)
+    trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
+                             train_dataset=dataset(), processing_class=tokenizer, llds=cfg,
+                             answer_open_ids=a_open, answer_close_ids=a_close)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    base, cur = _fixed_batch(trainer, tokenizer, answer_ids=(a_open[0], a_close[0]))
+    inputs = _with_tools(base)
+    calls = tool_call_counts(inputs["completion_mask"], inputs["tool_mask"])
+    assert calls.tolist() == [0, 1, 0, 0, 2, 0]
+    inputs["lld_tool_calls_mean"] = torch.tensor(0.5)  # what _generate_and_score_completions puts there
+    plain = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
+    got = trainer._compute_loss(trainer.model, inputs)
+    action = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+    answer = lld.answer_span_mask(inputs["completion_ids"], action, a_open, a_close)
+    term, st = lld.llds_loss(cur, inputs["old_per_token_logps"], inputs["advantages"], action, cfg,
+                             answer_mask=answer, valid_searches_mean=0.5)
+    assert st["beta"] == pytest.approx(0.25)  # paper rule: min(V / v_base, 1)
+    assert float(got.detach()) - float(plain.detach()) == pytest.approx(cfg.lam * float(term), rel=1e-5, abs=1e-7)
+    # changing the tool tokens' log-probs does not change the LLDS term: they are excluded
+    old2 = inputs["old_per_token_logps"].clone()
+    old2[~action & inputs["completion_mask"].bool()] += 5.0
+    term2, _ = lld.llds_loss(cur, old2, inputs["advantages"], action, cfg, answer_mask=answer, valid_searches_mean=0.5)
+    assert float(term2) == pytest.approx(float(term), rel=1e-6)
+
+
+def test_adaptive_beta_trainer_run(tokenizer, tmp_path):
+    """LLDSConfig(adaptive_beta=...) trains (it used to crash at step 1 with no source of search counts)."""
+    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.store import open_store_reader
+
+    torch.set_num_threads(1)
+    store = tmp_path / "store"
+    trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len,
+                             args=grpo_args(tmp_path, max_steps=2), train_dataset=dataset(),
+                             processing_class=tokenizer, lld_store=str(store),
+                             llds=lld.LLDSConfig(lam=0.2, adaptive_beta="code"),
+                             answer_open_ids=tokenizer.convert_tokens_to_ids(["<answer>"]),
+                             answer_close_ids=tokenizer.convert_tokens_to_ids(["</answer>"]))
+    trainer.train()
+    with open_store_reader(store) as r:
+        run = r.runs().iloc[0]
+        assert run["mode"] == "llds_ma"
+        steps = r.steps(run["run_id"]).set_index("step")
+        assert steps.index.tolist() == [1, 2]
+        assert (steps["searches_per_response"] == 0).all()  # no tools here: V = 0 tool calls
+        assert steps["llds_loss"].notna().all()

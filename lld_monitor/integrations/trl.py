@@ -15,10 +15,20 @@ How it works (TRL 1.16.0 internals, pinned; `tests/test_integrations_trl.py` has
   (logps with their graph, for the LLDS term). The other calls (old / ref log-probs under no-grad) pass
   ``compute_entropy=False`` and are not captured.
 - ``inputs`` holds ``completion_ids``, ``completion_mask`` (and ``tool_mask`` for tool calls),
-  ``advantages`` [B] and ``old_per_token_logps`` — the latter only when the batch is reused
-  (``num_iterations > 1``, or ``steps_per_generation > gradient_accumulation_steps``) or with vLLM.
-  Otherwise TRL uses ``logps.detach()`` as the old log-probs and the within-step displacement is exactly 0:
-  LLDS then never bites (a warning says so).
+  ``advantages`` [B] and ``old_per_token_logps`` — the latter only when
+  ``gradient_accumulation_steps % (steps_per_generation · num_iterations) != 0`` or with vLLM's
+  importance-sampling correction (TRL's own rule, :func:`old_logps_are_kept`). Otherwise TRL uses
+  ``logps.detach()`` as the old log-probs and the displacement is exactly 0: LLDS then never bites (a
+  warning at construction says so).
+- :func:`check_trl_internals` runs at construction: a TRL whose internals moved raises
+  :class:`UnsupportedTRLError` naming the supported range; a loss whose policy forward was not captured
+  raises too, so the LLDS term can never silently disappear.
+- Tool calls (``tools=``, or ``rollout_func`` + ``env_mask``): ``tool_mask`` = 0 tokens are role "tool", out of
+  the LLDS term and every likelihood figure; :func:`tool_call_counts` (tool-result blocks per completion)
+  fills ``samples.n_searches`` / ``searches_per_response`` and gives adaptive LLDS-MA its V (the generation
+  batch mean over all ranks).
+- Several ranks: the step row is computed from every rank's samples (gathered), entropy and the LLDS value
+  from every rank's sums; pass ``lld_store=`` (or a logger) on every rank.
 - ``_calculate_rewards`` and ``_generate_and_score_completions`` are wrapped to carry each completion's
   total reward and its group (prompt) through TRL's shuffle / split of the generation batch.
 - Per optimizer step (at the micro-batch where ``accelerator.sync_gradients`` is True) the step's samples
@@ -38,12 +48,14 @@ needs the answer-tag token ids: ``answer_open_ids`` / ``answer_close_ids`` (e.g.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+import trl
 from torch import Tensor
 from transformers import TrainerCallback
 from trl import GRPOTrainer
@@ -57,6 +69,63 @@ log = logging.getLogger(__name__)
 
 _SKIP_TRL_KEYS = frozenset({"epoch", "total_flos", "train_runtime", "train_samples_per_second",
                             "train_steps_per_second", "train_loss"})
+
+
+SUPPORTED_TRL = "trl>=1.16,<1.17"  # the internals below are checked by check_trl_internals() at construction
+
+
+class UnsupportedTRLError(RuntimeError):
+    """The installed TRL does not have the internals LLDGRPOTrainer hooks into."""
+
+
+def check_trl_internals(cls: type = GRPOTrainer) -> None:
+    """Raise UnsupportedTRLError unless the TRL internals the log-prob capture relies on are present, so the
+    capture (and the LLDS term) can never silently do nothing after a TRL upgrade."""
+    problems: list[str] = []
+    try:
+        params = list(inspect.signature(cls._get_per_token_logps_and_entropies).parameters)
+        if params[:5] != ["self", "model", "input_ids", "attention_mask", "logits_to_keep"] or \
+                "compute_entropy" not in params:
+            problems.append(f"_get_per_token_logps_and_entropies{tuple(params)}")
+        if list(inspect.signature(cls._compute_loss).parameters) != ["self", "model", "inputs"]:
+            problems.append("_compute_loss(self, model, inputs)")
+        src = inspect.getsource(cls._compute_loss)
+        for needle in ("compute_entropy=True", 'inputs["completion_mask"]', 'inputs["advantages"]',
+                       "old_per_token_logps"):
+            if needle not in src:
+                problems.append(f"_compute_loss no longer contains {needle!r}")
+        for name, want in (("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
+                           ("_generate_and_score_completions", ["self", "inputs"])):
+            if list(inspect.signature(getattr(cls, name)).parameters) != want:
+                problems.append(f"{name}{tuple(want)}")
+    except (AttributeError, OSError, TypeError) as exc:
+        problems.append(f"{type(exc).__name__}: {exc}")
+    if problems:
+        raise UnsupportedTRLError(
+            f"lld-monitor's TRL hook supports {SUPPORTED_TRL}; the installed trl {trl.__version__} changed the "
+            f"internals it captures log-probs from ({'; '.join(problems)}). Install a supported TRL "
+            f"(pip install '{SUPPORTED_TRL}') or upgrade lld-monitor."
+        )
+
+
+def old_logps_are_kept(args: Any, num_iterations: int, use_vllm: bool, vllm_is_correction: bool) -> bool:
+    """TRL 1.16's own rule (`_generate_and_score_completions`): old log-probs are computed only when
+    ``gradient_accumulation_steps % (steps_per_generation · num_iterations) != 0`` or with vLLM's
+    importance-sampling correction; otherwise `_compute_loss` uses ``logps.detach()`` and Δ ≡ 0."""
+    generate_every = args.steps_per_generation * num_iterations
+    return args.gradient_accumulation_steps % generate_every != 0 or (use_vllm and vllm_is_correction)
+
+
+def tool_call_counts(completion_mask: Tensor, tool_mask: Tensor | None) -> Tensor:
+    """Tool calls per completion [B]: the number of tool-result blocks (runs of tool_mask = 0 inside the
+    completion mask). With TRL's `tools=` each executed call appends one result block; with `rollout_func`
+    each `env_mask` = 0 run is one environment reply."""
+    if tool_mask is None:
+        return torch.zeros(completion_mask.shape[0], device=completion_mask.device)
+    tool = completion_mask.bool() & ~tool_mask.bool()
+    starts = tool.clone()
+    starts[:, 1:] &= ~tool[:, :-1]
+    return starts.sum(dim=1).float()
 
 
 def _pad_cat(tensors: list[Tensor], value: float) -> Tensor:
@@ -96,6 +165,7 @@ class LLDGRPOTrainer(GRPOTrainer):
         lld_token_groups: int | None = None,
         **kwargs: Any,
     ):
+        check_trl_internals()
         super().__init__(*args, **kwargs)
         self.llds_cfg = llds
         if llds is not None and llds.masks_answer and not (answer_open_ids and answer_close_ids):
@@ -103,12 +173,16 @@ class LLDGRPOTrainer(GRPOTrainer):
                              "(the token ids of '<answer>' and '</answer>')")
         self.answer_open_ids = list(answer_open_ids or [])
         self.answer_close_ids = list(answer_close_ids or [])
-        gen_every_reuse = self.num_iterations > 1 or self.args.steps_per_generation > self.args.gradient_accumulation_steps
-        if llds is not None and not gen_every_reuse and not self.use_vllm:
+        self.lld_old_logps_kept = old_logps_are_kept(
+            self.args, self.num_iterations, self.use_vllm, getattr(self, "vllm_importance_sampling_correction", False))
+        if not self.lld_old_logps_kept:
             log.warning(
-                "LLDS needs old log-probs that differ from the current ones: with num_iterations=1 and "
-                "steps_per_generation <= gradient_accumulation_steps TRL uses logps.detach() as old log-probs, so "
-                "the LLDS term is always 0. Set num_iterations > 1 (or steps_per_generation > grad-accum steps)."
+                "TRL keeps no old log-probs with gradient_accumulation_steps=%d, steps_per_generation=%d, "
+                "num_iterations=%d (it needs gradient_accumulation_steps %% (steps_per_generation*num_iterations) "
+                "!= 0, or vLLM importance-sampling correction): it uses logps.detach(), so the displacement is "
+                "exactly 0%s. Change one of the three.",
+                self.args.gradient_accumulation_steps, self.args.steps_per_generation, self.num_iterations,
+                " and the LLDS term is always 0" if llds is not None else "",
             )
         self._lld_owns_logger = False
         if lld_logger is None and lld_store is not None:
@@ -119,6 +193,7 @@ class LLDGRPOTrainer(GRPOTrainer):
         self._lld_stash: dict[str, Tensor | None] = {}
         self._lld_micro: list[dict[str, Tensor]] = []
         self._lld_pending: dict[int, tuple[dict, dict, dict]] = {}  # step -> (scalars, samples, tokens)
+        self._lld_all: dict[int, dict[str, np.ndarray]] = {}  # step -> every rank's sample columns (several ranks)
         self._lld_rewards_all: Tensor | None = None
         self.lld_last_term: float | None = None  # λ·L_LLDS/accum added to the last loss (for tests / inspection)
         self.add_callback(_LogCallback(self))
@@ -152,8 +227,9 @@ class LLDGRPOTrainer(GRPOTrainer):
         )
 
     def _shared_run_id(self, name: str | None) -> str:
-        from lld_monitor.store.layout import new_run_id  # noqa: PLC0415
         from accelerate.utils import broadcast_object_list  # noqa: PLC0415
+
+        from lld_monitor.store.layout import new_run_id  # noqa: PLC0415
 
         obj = [new_run_id(name or "trl-grpo") if self.accelerator.is_main_process else None]
         broadcast_object_list(obj, from_process=0)
@@ -178,6 +254,10 @@ class LLDGRPOTrainer(GRPOTrainer):
             out["lld_reward"] = rewards[start : start + n].to(device).float()
         mode = "train" if self.model.training else "eval"
         g = self.num_generations if mode == "train" else self.num_generations_eval
+        calls = tool_call_counts(out["completion_mask"], out.get("tool_mask"))
+        # V for adaptive β: mean tool calls per completion over the whole generation batch (all ranks);
+        # a 0-dim tensor survives TRL's shuffle / split of the batch unchanged
+        out["lld_tool_calls_mean"] = self.accelerator.gather(calls.float()).mean()
         idx = torch.arange(start, start + n, device=device)
         out["lld_sample"] = idx
         out["lld_group"] = idx // max(int(g), 1)
@@ -198,8 +278,14 @@ class LLDGRPOTrainer(GRPOTrainer):
         finally:
             self._lld_capture = False
         logps = self._lld_stash.get("logps")
-        if logps is None or not self.model.training:
+        if not self.model.training:
             return loss
+        if logps is None:
+            # the policy forward was not captured: never train or log as if LLDS were applied
+            raise UnsupportedTRLError(
+                f"lld-monitor captured no policy log-probs in _compute_loss (installed trl {trl.__version__}; "
+                f"supported {SUPPORTED_TRL}). Install a supported TRL or upgrade lld-monitor."
+            )
         mask = inputs["completion_mask"]
         tool = inputs.get("tool_mask")
         action = (mask * tool if tool is not None else mask).bool()
@@ -212,21 +298,28 @@ class LLDGRPOTrainer(GRPOTrainer):
             answer = lld.answer_span_mask(inputs["completion_ids"], action, self.answer_open_ids,
                                           self.answer_close_ids)
         llds_val = None
+        calls = tool_call_counts(mask, tool)
         if self.llds_cfg is not None:
+            v_mean = None
+            if self.llds_cfg.adaptive_beta is not None:
+                # V = mean tool calls per completion of the generation batch this micro-batch came from
+                v_mean = float(inputs["lld_tool_calls_mean"]) if "lld_tool_calls_mean" in inputs else float(
+                    calls.mean())
             term, _ = lld.llds_loss(logps, old, adv_r, action, self.llds_cfg,
-                                    answer_mask=answer if self.llds_cfg.masks_answer else None)
+                                    answer_mask=answer if self.llds_cfg.masks_answer else None,
+                                    valid_searches_mean=v_mean)
             scaled = self.llds_cfg.lam * term / self.current_gradient_accumulation_steps
             loss = loss + scaled
             self.lld_last_term = float(scaled.detach())
             llds_val = float(self.llds_cfg.lam * term.detach())
         if self.lld_logger is not None:
-            self._lld_record(inputs, logps, old, adv_r, mask, tool, answer, llds_val)
+            self._lld_record(inputs, logps, old, adv_r, mask, tool, answer, llds_val, calls)
             if self.accelerator.sync_gradients:
                 self._lld_end_step()
         return loss
 
     # ----------------------------------------------------------------------------- per-step logging
-    def _lld_record(self, inputs, logps, old, adv, mask, tool, answer, llds_val) -> None:
+    def _lld_record(self, inputs, logps, old, adv, mask, tool, answer, llds_val, calls) -> None:
         ent = self._lld_stash.get("entropies")
         n = logps.shape[0]
         with torch.no_grad():
@@ -244,6 +337,7 @@ class LLDGRPOTrainer(GRPOTrainer):
                 "advantage": adv.detach().float().cpu(),
                 "reward": inputs.get("lld_reward", torch.full((n,), float("nan"))).detach().float().cpu(),
                 "group": inputs.get("lld_group", torch.arange(n)).detach().cpu(),
+                "calls": calls.detach().cpu(),
             }
             if ent is not None:
                 rec["entropy"] = ent.detach().float().cpu()
@@ -267,12 +361,19 @@ class LLDGRPOTrainer(GRPOTrainer):
         tok["action_idx"] = lld.action_index(action)
         adv = torch.cat([m["advantage"] for m in micro])
         reward = torch.cat([m["reward"] for m in micro])
+        calls = torch.cat([m["calls"] for m in micro])
         scalars: dict[str, float] = {}  # Δ signals: RunLogger's step_aggregates over the samples' sums below
-        if "entropy" in tok:
-            scalars["entropy"] = float((tok["entropy"] * action).sum() / action.sum().clamp(min=1))
         llds_vals = [float(m["llds_loss"]) for m in micro if "llds_loss" in m]
+        # entropy and the LLDS value as sums and counts, added over every rank (one population per step row)
+        parts = torch.tensor([
+            float((tok["entropy"] * action).sum()) if "entropy" in tok else 0.0, float(action.sum()),
+            float(np.sum(llds_vals)), float(len(llds_vals)),
+        ], dtype=torch.float64)
+        parts = self._lld_gather(parts).view(-1, 4).sum(dim=0)
+        if "entropy" in tok:
+            scalars["entropy"] = float(parts[0] / parts[1].clamp(min=1))
         if llds_vals:
-            scalars["llds_loss"] = float(np.mean(llds_vals))
+            scalars["llds_loss"] = float(parts[2] / parts[3])
         elif self.llds_cfg is None:
             scalars["llds_loss"] = 0.0
         groups = torch.cat([m["group"] for m in micro]).numpy()
@@ -282,14 +383,33 @@ class LLDGRPOTrainer(GRPOTrainer):
             "group_id": np.array([str(int(g)) for g in groups], dtype=object),
             "prompt_id": np.array([str(int(g)) for g in groups], dtype=object),
             "sample_idx": np.arange(len(groups), dtype=np.int32),
+            "n_searches": calls.numpy().astype(np.int32),
             "text": self._decode(tok["token_id"], mask),
             **sample_sums_from_tokens({k: tok[k] for k in ("mask", "role", "action_idx", "logp_old", "logp_new")}),
         }
+        if self.accelerator.num_processes > 1:
+            # the step row is computed (by rank 0's logger) from every rank's samples, not rank 0's alone
+            self._lld_all[step] = self._lld_gather_samples(samples, torch.cat([m["group"] for m in micro]))
         tokens = {k: v.numpy() for k, v in tok.items()}
         tokens["mask"] = tokens["mask"].astype(bool)
         # a step that TRL does not log (logging_steps > 1) goes out when the next one is ready
         self._lld_flush_pending(before=step)
         self._lld_pending[step] = (scalars, samples, tokens)
+
+    def _lld_gather(self, t: Tensor) -> Tensor:
+        """Concatenate a 1-D tensor over ranks (every rank calls this at the same optimizer step)."""
+        if self.accelerator.num_processes == 1:
+            return t
+        return self.accelerator.gather(t.to(self.accelerator.device)).cpu()
+
+    def _lld_gather_samples(self, samples: dict[str, Any], groups: Tensor) -> dict[str, np.ndarray]:
+        """The numeric sample columns of every rank (TRL gives each rank the same number of samples per step)."""
+        out: dict[str, np.ndarray] = {}
+        for k, v in samples.items():
+            if isinstance(v, np.ndarray) and v.dtype != object:
+                out[k] = self._lld_gather(torch.as_tensor(v.astype(np.float64))).numpy().astype(v.dtype)
+        out["group_id"] = np.array([str(int(g)) for g in self._lld_gather(groups.long()).tolist()], dtype=object)
+        return out
 
     def _decode(self, ids: Tensor, mask: Tensor) -> np.ndarray:
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
@@ -337,9 +457,11 @@ class LLDGRPOTrainer(GRPOTrainer):
             return
         clean = {k: v for k, v in scalars.items() if v is not None}
         try:
-            self.lld_logger.log_step(step, scalars=clean, samples=samples, tokens=tokens)
+            self.lld_logger.log_step(step, scalars=clean, samples=samples, tokens=tokens,
+                                     all_samples=self._lld_all.pop(step, None))
         except Exception:  # noqa: BLE001 - monitoring must never stop training
             log.exception("lld-monitor: could not log step %d", step)
 
 
-__all__ = ["LLDGRPOTrainer"]
+__all__ = ["SUPPORTED_TRL", "LLDGRPOTrainer", "UnsupportedTRLError", "check_trl_internals", "old_logps_are_kept",
+           "tool_call_counts"]
