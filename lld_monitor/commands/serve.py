@@ -85,8 +85,10 @@ def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 
                             start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
 
-def wait_ready(host: str, port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> bool:
-    """Poll Streamlit's health endpoint until it answers (False on timeout or if `proc` exited)."""
+def wait_ready(host: str, port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None,
+               warm: bool = True) -> bool:
+    """Poll Streamlit's health endpoint until it answers (False on timeout or if `proc` exited); then, with
+    `warm`, run the app once (`warm_up`) so the first visitor's link to a page opens without a detour."""
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = f"http://{url_host}:{port}/_stcore/health"
     deadline = time.monotonic() + timeout
@@ -96,11 +98,50 @@ def wait_ready(host: str, port: int, timeout: float = 60.0, proc: subprocess.Pop
         try:
             with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - local health check
                 if r.status == 200:
+                    if warm:
+                        warm_up(url_host, port, timeout=max(5.0, deadline - time.monotonic()))
                     return True
         except OSError:
             pass
         time.sleep(0.2)
     return False
+
+
+def warm_up(host: str, port: int, timeout: float = 60.0) -> bool:
+    """One script run of the app through Streamlit's websocket, as a browser tab would start it.
+
+    A freshly started server answers the *first* session that opens a page other than "/" (e.g. a bookmarked
+    /tokens?run=..) with a "Page not found" dialog over the right page (streamlit/streamlit#9992): the page
+    list is not known before the app's first run and its imports take seconds. After one run it is. Best
+    effort: False (and a debug log) when it could not run."""
+    import asyncio
+
+    try:
+        import websockets
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    except ImportError as exc:
+        log.debug("no warm-up run: %s", exc)
+        return False
+
+    async def _run() -> bool:
+        async with websockets.connect(f"ws://{host}:{port}/_stcore/stream", subprotocols=["streamlit"],
+                                      max_size=None, open_timeout=10) as ws:
+            msg = BackMsg()
+            msg.rerun_script.query_string = ""
+            msg.rerun_script.page_name = ""
+            await ws.send(msg.SerializeToString())
+            while True:
+                fwd = ForwardMsg()
+                fwd.ParseFromString(await ws.recv())
+                if fwd.WhichOneof("type") == "script_finished":
+                    return True
+
+    try:
+        return asyncio.run(asyncio.wait_for(_run(), timeout))
+    except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs the first visitor a dialog
+        log.debug("warm-up run failed: %s", exc)
+        return False
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> None:
