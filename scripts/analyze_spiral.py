@@ -10,6 +10,17 @@ Markers (on a trailing `window`-step mean; baseline = the first window):
   for the next window;
 - entropy_surge_step: first step where entropy exceeds 1.5x its baseline;
 - reward_drop_step: first step where the smoothed reward is below 0.8x its running peak.
+
+The testbed's goal (issue "A spiral testbed that reproduces the paper every time"), written down before
+any tuning and checked by `--goal`; every series is the trailing `window`-step mean:
+- collapse: `lld_monitor.detect.reward_collapse_step` (the detector's written definition) within the run;
+- LLDS holds: no collapse and the last 20 steps' mean reward >= HOLD_FRAC x the run's smoothed peak;
+- the paper's order of events (vanilla): the correct-response likelihood starts to fall at `ll_fall_step`
+  (the step of the smoothed ll_correct_mean's maximum before the collapse, provided it ends at least
+  LL_FALL_MIN nats/token below that maximum); the reward is still rising or flat within REWARD_TOL of its
+  value at `ll_fall_step` for >= HOLD_STEPS steps after it (`reward_hold_steps`); then the entropy or the
+  grad norm surges (`surge_step`: first step after `ll_fall_step` at which either exceeds SURGE_FACTOR x
+  its median over steps [window, ll_fall_step]); then the reward collapses (surge_step < collapse step).
 """
 
 from __future__ import annotations
@@ -17,8 +28,44 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 
 import pandas as pd
+
+HOLD_FRAC = 0.85
+HOLD_LAST = 20
+HOLD_STEPS = 30
+REWARD_TOL = 0.05
+LL_FALL_MIN = 0.01
+SURGE_FACTOR = 2.0
+
+
+def order_of_events(sm: pd.DataFrame, collapse: int | None, window: int) -> dict:
+    """The markers of the paper's order of events on smoothed signals `sm` (index = step); see the module doc."""
+    end = collapse if collapse is not None else int(sm.index.max())
+    ll = sm["ll_correct_mean"].loc[:end].dropna()
+    out = {"ll_fall_step": None, "reward_hold_steps": None, "surge_step": None, "surge_signal": None, "paper_order": False}
+    if ll.empty:
+        return out
+    fall = int(ll.idxmax())
+    if float(ll.loc[fall:].min()) > float(ll.loc[fall]) - LL_FALL_MIN:
+        return out
+    out["ll_fall_step"] = fall
+    rew = sm["reward_mean"]
+    after = rew.loc[fall:]
+    dropped = after < float(rew.loc[fall]) - REWARD_TOL
+    out["reward_hold_steps"] = (int(dropped.idxmax()) if dropped.any() else int(after.index.max())) - fall
+    surges = []
+    for col in ("entropy", "grad_norm"):
+        base = sm[col].loc[window:fall].median()
+        hit = sm[col].loc[fall + 1:] > SURGE_FACTOR * base
+        if hit.any():
+            surges.append((int(hit.idxmax()), col))
+    if surges:
+        out["surge_step"], out["surge_signal"] = min(surges)
+    out["paper_order"] = bool(collapse is not None and out["reward_hold_steps"] >= HOLD_STEPS
+                              and out["surge_step"] is not None and out["surge_step"] < collapse)
+    return out
 
 
 def _first(mask: pd.Series) -> int | None:
@@ -27,7 +74,7 @@ def _first(mask: pd.Series) -> int | None:
 
 
 def summarize(store: str, window: int = 10) -> list[dict]:
-    from lld_monitor.detect import detect_run
+    from lld_monitor.detect import detect_run, reward_collapse_step
     from lld_monitor.store import open_store_reader
 
     r = open_store_reader(store)
@@ -45,7 +92,12 @@ def summarize(store: str, window: int = 10) -> list[dict]:
         below = sm["ll_correct_mean"] < base_ll - 0.02
         stays = below & below[::-1].rolling(window, min_periods=1).min()[::-1].astype(bool)
         res = detect_run(r.signals(run.run_id))
+        collapse = reward_collapse_step(r.signals(run.run_id))
+        last20 = float(sig["reward_mean"].iloc[-HOLD_LAST:].mean())
         out.append({
+            "seed": _seed(run["name"]), "collapse_step": collapse, "reward_last20": last20,
+            "holds": collapse is None and last20 >= HOLD_FRAC * float(rew.loc[peak_step]),
+            **order_of_events(sm, collapse, window),
             "run": run["name"], "run_id": run.run_id, "mode": run["mode"], "steps": int(run.steps),
             "reward_start": float(rew.dropna().iloc[0]),
             "reward_peak": float(rew.loc[peak_step]), "reward_peak_step": peak_step,
@@ -65,6 +117,41 @@ def summarize(store: str, window: int = 10) -> list[dict]:
         })
     r.close()
     return out
+
+
+def _seed(name: str) -> int | None:
+    m = re.search(r"seed(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def goal(rows: list[dict]) -> str:
+    """The testbed's goal counted over the runs (module doc): one line per criterion."""
+    van = [r for r in rows if r["mode"] == "vanilla"]
+    lld = [r for r in rows if r["mode"] == "llds"]
+    ma = [r for r in rows if r["mode"] == "llds_ma"]
+    lines = [f"vanilla collapses: {sum(r['collapse_step'] is not None for r in van)}/{len(van)}",
+             f"vanilla in the paper's order (likelihood falls, reward holds >= {HOLD_STEPS} steps, surge, collapse): "
+             f"{sum(r['paper_order'] for r in van)}/{len(van)}",
+             f"LLDS holds (no collapse, last {HOLD_LAST} >= {HOLD_FRAC} x peak): {sum(r['holds'] for r in lld)}/{len(lld)}"]
+    if ma:
+        lines.append(f"LLDS-MA holds: {sum(r['holds'] for r in ma)}/{len(ma)}")
+    return "\n".join(lines)
+
+
+def goal_markdown(rows: list[dict]) -> str:
+    """Per run: start -> peak, likelihood-fall step, reward hold, surge, collapse, last-20 mean (the docs' 10-seed table)."""
+    order = {"vanilla": 0, "llds": 1, "llds_ma": 2}
+    rows = sorted(rows, key=lambda r: (order.get(r["mode"], 9), r["seed"] if r["seed"] is not None else 0, r["run"]))
+    out = ["| run | reward start → peak (step) | likelihood falls from (step) | reward holds (steps) | surge (step, signal) "
+           "| reward collapse (step) | last 20 | holds |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def opt(v):
+            return "–" if v is None else str(v)
+        surge = "–" if r["surge_step"] is None else f"{r['surge_step']} ({r['surge_signal']})"
+        out.append(f"| {r['run']} | {r['reward_start']:.2f} → {r['reward_peak']:.2f} ({r['reward_peak_step']}) "
+                   f"| {opt(r['ll_fall_step'])} | {opt(r['reward_hold_steps'])} | {surge} | {opt(r['collapse_step'])} "
+                   f"| {r['reward_last20']:.2f} | {'yes' if r['holds'] else 'no'} |")
+    return "\n".join(out)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -90,8 +177,14 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="the run table of docs/backend.md")
+    ap.add_argument("--goal", action="store_true", help="the per-run goal table and the counts against the testbed's goal")
     a = ap.parse_args()
     rows = summarize(a.store, a.window)
+    if a.goal:
+        print(goal_markdown(rows))
+        print()
+        print(goal(rows))
+        return
     if a.json:
         print(json.dumps(rows, indent=1))
         return

@@ -7,7 +7,7 @@ same settings and seed (3) (what they show: docs/backend.md, "The spiral experim
 Everything a run learns is a function of its config and seed (single thread, seeded sampling, the
 cached warm start keyed by its config), so a rebuild reproduces every sample, token and training
 signal bit-for-bit. Wall-clock columns (timestamps, step_time, timing_s/*) are measurements and
-differ; `--check` compares everything else.
+differ; `--check` compares everything else, every logged token included (`lld_monitor.store.compare`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ CONFIG = ROOT / "scripts" / "spiral_config.json"
 SEED = 3
 STEPS = int(os.environ.get("LLD_SAMPLE_STEPS", "0")) or None  # default: the config's steps
 RUNS = [("vanilla", "vanilla"), ("llds", "llds"), ("llds-ma", "llds-ma")]
-TIMING = ("time", "step_time")
 
 
 def build(store: Path) -> None:
@@ -43,20 +42,14 @@ def build(store: Path) -> None:
 
 def compare(a: Path, b: Path) -> int:
     from lld_monitor.store import open_store_reader
+    from lld_monitor.store.compare import run_differences
 
     ra, rb = open_store_reader(a), open_store_reader(b)
     bad = 0
     for rid in ra.runs().run_id:
-        sa, sb = ra.steps(rid).drop(columns=["run_id", *TIMING], errors="ignore"), rb.steps(rid).drop(columns=["run_id", *TIMING], errors="ignore")
-        ma = ra.metrics(rid)
-        mb = rb.metrics(rid)
-        ma, mb = (m[~m.key.str.startswith("timing_s/")].reset_index(drop=True) for m in (ma, mb))
-        same = sa.equals(sb) and ma.drop(columns=["run_id"], errors="ignore").equals(mb.drop(columns=["run_id"], errors="ignore"))
-        same &= ra.samples(rid).drop(columns=["run_id"]).equals(rb.samples(rid).drop(columns=["run_id"]))
-        for st in ra.token_steps(rid)[:5]:
-            same &= ra.tokens(rid, st).drop(columns=["run_id"]).equals(rb.tokens(rid, st).drop(columns=["run_id"]))
-        print(f"{rid}: {'identical' if same else 'DIFFERENT'}")
-        bad += not same
+        diff = run_differences(ra, rid, rb, rid)
+        print(f"{rid}: {'identical' if not diff else 'DIFFERENT'}", *diff[:10], sep="\n  ")
+        bad += bool(diff)
     return bad
 
 

@@ -23,6 +23,13 @@ CONFIG = ROOT / "scripts" / "spiral_config.json"
 MODES = ("vanilla", "llds", "llds-ma")
 
 
+def train_command(mode: str, seed: int, store: Path, config: str, steps: int | None = None) -> list[str]:
+    """The trainer command of one run of the experiment (run id `spiral-<mode>-seed<seed>`)."""
+    cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--seed", str(seed), "--store", str(store),
+           "--run-name", f"{mode}-seed{seed}", "--run-id", f"spiral-{mode}-seed{seed}", "--config", str(config), "--no-progress"]
+    return cmd + ["--steps", str(steps)] if steps else cmd
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", required=True)
@@ -52,10 +59,7 @@ def main() -> int:
         while todo and len(running) < args.jobs:
             mode, seed = todo.pop(0)
             rid = f"spiral-{mode}-seed{seed}"
-            cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--seed", str(seed), "--store", str(store),
-                   "--run-name", f"{mode}-seed{seed}", "--run-id", rid, "--config", args.config, "--threads", "1", "--no-progress"]
-            if args.steps:
-                cmd += ["--steps", str(args.steps)]
+            cmd = train_command(mode, seed, store, args.config, args.steps)
             out = open(logs / f"{rid}.log", "w")
             p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
             running.append((p, rid, time.time()))

@@ -97,6 +97,18 @@ def token_texts(tok) -> list[str]:
     return out
 
 
+def cpu_threads(cfg: TrainConfig) -> int:
+    """Torch intra-op threads for this run: 1 when `cfg.deterministic` (the default), else `cfg.threads`.
+
+    The thread count changes the order of floating-point reductions, so a run's numbers depend on it;
+    pinning it makes a seed + config one run, whoever launches it (train, demo, torchrun, a script).
+    """
+    if cfg.deterministic and cfg.threads != 1:
+        log.warning("threads=%d ignored: deterministic=true computes on 1 CPU thread so that a seed gives the same "
+                    "run bit-for-bit; set deterministic=false in the config to use more threads", cfg.threads)
+    return 1 if cfg.deterministic else cfg.threads
+
+
 class Trainer:
     """Builds everything from a TrainConfig; `train()` runs the steps and returns the run id."""
 
@@ -113,7 +125,7 @@ class Trainer:
         self.run_name = run_name
         self.progress = progress
         self.run_id = run_id
-        torch.set_num_threads(max(1, cfg.threads))
+        torch.set_num_threads(cpu_threads(cfg))
         self.dist = init_distributed("cuda" if cfg.device == "cuda" else "cpu")
         self.device = _pick_device(cfg.device, self.dist)
         self.world = build_world(cfg.world)

@@ -14,20 +14,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from lld_monitor.store import DASHBOARD_STORE_ENV, dashboard_store_path
+
 log = logging.getLogger(__name__)
 
 HELP = "serve the dashboard (live health, compare runs, token inspector, post-mortem) on a store"
 APP = Path(__file__).resolve().parents[2] / "app.py"
-STORE_ENV = "LLD_MONITOR_DASHBOARD_STORE"  # read by lld_monitor.ui.widgets.default_store
-
-
-def default_dashboard_store() -> str:
-    """$LLD_MONITOR_STORE, else the bundled sample_runs/ (so a fresh checkout shows real runs)."""
-    env = os.environ.get("LLD_MONITOR_STORE")
-    if env:
-        return env
-    here = Path("sample_runs")
-    return str(here if here.exists() else APP.parent / "sample_runs")
+STORE_ENV = DASHBOARD_STORE_ENV  # read by lld_monitor.store.dashboard_store_path in the app
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,7 +153,7 @@ def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = args.store or default_dashboard_store()
+    store = args.store or dashboard_store_path()
     if not Path(store).exists():
         log.warning("no store at %s yet; the dashboard will say so until a run writes there", store)
 

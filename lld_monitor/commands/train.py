@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a local Hugging Face causal LM directory instead of the tiny warm-started model")
     p.add_argument("--config", default=None, help="JSON or TOML file with config sections (see docs/backend.md)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="default auto (GPU if there is one)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1); used only with "
+                   "\"deterministic\": false in the config: by default training runs on 1 thread so a seed is one run, bit-for-bit")
     p.add_argument("--corpus", default=None, help="JSONL corpus for BM25 instead of the generated world")
     p.add_argument("--retriever-url", default=None, help="Search-R1 style /retrieve URL instead of local BM25")
     p.add_argument("--run-id", default=None, help="explicit run id (default: derived from the name and the time)")

@@ -9,33 +9,25 @@ it holds no lock on the store and sees new segments on every query.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
+from lld_monitor.store import dashboard_store_path
 from lld_monitor.ui import phases as ph
 from lld_monitor.ui import queries as q
 
 log = logging.getLogger(__name__)
 
 REFRESH_S = 2.0
-STORE_ENV = "LLD_MONITOR_DASHBOARD_STORE"  # set by `lld-monitor serve --store`
-DEFAULT_STORE = "sample_runs/"
 PHASE_BADGE = {"healthy": "green", "stagnation": "yellow", "decay": "orange", "collapse": "red"}
 STATUS_BADGE = {"running": "blue", "finished": "gray", "crashed": "red"}
 
 
 def default_store() -> str:
-    env = os.environ.get(STORE_ENV)
-    if env:
-        return env
-    if Path(DEFAULT_STORE).exists():
-        return DEFAULT_STORE
-    repo_default = Path(__file__).resolve().parents[2] / "sample_runs"
-    return str(repo_default) if repo_default.exists() else DEFAULT_STORE
+    return dashboard_store_path()
 
 
 # ------------------------------------------------------------------ store access
