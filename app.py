@@ -32,10 +32,8 @@ pages = [
     st.Page(str(PAGES / "compare_runs.py"), title="Compare runs", icon=":material/compare_arrows:", url_path="compare"),
     st.Page(str(PAGES / "token_inspector.py"), title="Token inspector", icon=":material/text_fields:", url_path="tokens"),
     st.Page(str(PAGES / "post_mortem.py"), title="Post-mortem", icon=":material/troubleshoot:", url_path="postmortem"),
+    st.Page(str(PAGES / "import_wandb.py"), title="Import from W&B", icon=":material/download:", url_path="import-wandb"),
 ]
-# slot for the Integrations room's page (pages/import_wandb.py), included when present
-if (PAGES / "import_wandb.py").exists():
-    pages.append(st.Page(str(PAGES / "import_wandb.py"), title="Import from W&B", icon=":material/download:", url_path="import-wandb"))
 
 nav = st.navigation(pages)
 widgets.sidebar()

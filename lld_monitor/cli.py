@@ -22,7 +22,16 @@ COMMANDS: dict[str, str] = {
 
 
 def _load(name: str):
-    return importlib.import_module(f"lld_monitor.commands.{COMMANDS[name]}")
+    """The subcommand's module; a missing dependency stops the command with the package's name."""
+    try:
+        return importlib.import_module(f"lld_monitor.commands.{COMMANDS[name]}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "lld_monitor":
+            raise
+        raise SystemExit(
+            f"lld-monitor {name}: the package {exc.name!r} is missing; install the pinned dependencies with "
+            "`pip install -r requirements.txt`"
+        ) from exc
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -37,10 +46,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             # keep the listing complete without importing every module
             sub.add_parser(name, add_help=False)
             continue
-        try:
-            module = _load(name)
-        except ModuleNotFoundError:
-            continue
+        module = _load(name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
     return parser

@@ -29,19 +29,30 @@ if widgets.require_run(ctx):
 
     st.subheader("What moved first")
     if pm.reference_step is None:
-        st.write("The detector found no reward collapse in this run: the first alert of each signal is listed without a lead time.")
+        st.write("The reward neither collapsed nor declined by 20 %: onsets are listed without a lead time.")
     else:
         st.write(f"Reference: **{pm.reference_kind}** at step **{pm.reference_step}**.")
-    if pm.leads.empty:
-        st.write("No alerts were raised for this run.")
+    st.caption("Onset = the step each signal's sustained change began (change points on the smoothed series, "
+               "docs/detector.md); isolated spikes are listed apart.")
+    found = pm.onsets[pm.onsets["onset_step"].notna()] if len(pm.onsets) else pm.onsets
+    if found.empty:
+        st.write("No signal shows a sustained change" + (" before the reference." if pm.reference_step else "."))
     else:
-        first = pm.leads.iloc[0]
-        lead_txt = "" if first["lead_steps"] is None or str(first["lead_steps"]) == "<NA>" else \
-            f", {int(first['lead_steps'])} steps before the reference"
-        st.markdown(f"First to move: **{first['signal']}** at step **{int(first['first_alert_step'])}**{lead_txt}.")
+        first = found.iloc[0]
+        lead_txt = "" if str(first["lead_steps"]) == "<NA>" else f", {int(first['lead_steps'])} steps before the reference"
+        st.markdown(f"First to move: **{first['column']}** ({first['direction']}, {first['size_sigma']} σ) "
+                    f"from step **{int(first['onset_step'])}**{lead_txt}.")
+    if len(pm.onsets):
+        st.dataframe(pm.onsets, hide_index=True, width="stretch")
+    if len(pm.spikes):
+        with st.expander(f"Isolated spikes ({len(pm.spikes)}): not sustained, not an onset"):
+            st.dataframe(pm.spikes, hide_index=True, width="stretch")
+    if not pm.leads.empty:
+        st.markdown("**First alert of each signal** (the detector's alerts; an alert can be an isolated spike)")
         if pm.leads["lead_steps"].notna().any():
             widgets.plotly(figures.lead_figure(pm.leads), key="pm_leads")
-        st.dataframe(pm.leads, hide_index=True, width="stretch")
+        with st.expander("First alerts as a table"):
+            st.dataframe(pm.leads, hide_index=True, width="stretch")
 
     st.subheader("Top displaced samples per phase")
     st.caption("Preserved samples (advantage ≥ 0) whose summed log-likelihood fell most (Δ = after − before); "

@@ -124,7 +124,7 @@ def test_post_mortem_lists_leads_and_links(store):
     at = _app(store["path"], store["vanilla"], "pages/post_mortem.py")
     _assert_clean(at)
     text = _text(at)
-    assert "First to move:" in text and "reward collapse (detector)" in text
+    assert "First to move:" in text and "Reference: **reward collapse** at step" in text
     assert len(at.dataframe) >= 1 and len(at.get("page_link")) >= 1
     assert len(at.get("download_button")) == 4
 

@@ -84,8 +84,10 @@ class TrainConfig:
     log: LogSettings = field(default_factory=LogSettings)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode.replace("_", "-") not in MODES:
+            raise ValueError(f"mode must be one of {MODES} (llds_ma is accepted too), got {self.mode!r}")
+        # configs and the CLI spell it llds-ma; the store spells it llds_ma (schema.normalize_mode)
+        object.__setattr__(self, "mode", self.mode.replace("_", "-"))
         if self.steps < 0:
             raise ValueError("steps must be >= 0")
         if self.threads < 1:

@@ -111,6 +111,7 @@ def _stop(proc: subprocess.Popen, name: str, timeout: float = 15.0) -> None:
 
 def run(args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [m.replace("_", "-") for m in modes]  # llds_ma (the store's spelling) is accepted too
     bad = [m for m in modes if m not in ("vanilla", "llds", "llds-ma")]
     if bad:
         print(f"lld-monitor demo: unknown mode(s) {bad}; use vanilla, llds, llds-ma", file=sys.stderr)

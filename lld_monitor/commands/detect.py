@@ -16,7 +16,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -28,22 +27,15 @@ from lld_monitor.detect import (
     detect_run,
     phase_title,
 )
+from lld_monitor.store import default_store_path
 
 HELP = f"name each run's phase ({' / '.join(PHASES)}) and list its early-warning alerts"
 
 log = logging.getLogger(__name__)
 
 
-def _default_store() -> str:
-    try:
-        from lld_monitor.store import default_store_path  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - store room missing
-        return os.environ.get("LLD_MONITOR_STORE") or "lld_runs"
-    return default_store_path()
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default=_default_store(),
+    parser.add_argument("--store", default=default_store_path(),
                         help="run store folder (default: $LLD_MONITOR_STORE or ./lld_runs)")
     parser.add_argument("--run", action="extend", nargs="+", metavar="NAME",
                         help="run name(s) or id(s): --run A B, or --run A --run B (default: every run in the store)")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
+
+from lld_monitor.store import default_store_path
 
 HELP = "train a small Search-R1 agent with GRPO (vanilla | llds | llds-ma) and log it into a store"
 
@@ -13,10 +14,11 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("vanilla", "llds", "llds-ma"), default=None, help="regularizer (default vanilla)")
+    p.add_argument("--mode", choices=("vanilla", "llds", "llds-ma", "llds_ma"), default=None,
+                   help="regularizer (default vanilla; llds_ma = llds-ma)")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default 12)")
     p.add_argument("--seed", type=int, default=None, help="seed of prompts, sampling and the run (default 0)")
-    p.add_argument("--store", default=os.environ.get("LLD_MONITOR_STORE", "./lld_runs"),
+    p.add_argument("--store", default=default_store_path(),
                    help="run store folder (default $LLD_MONITOR_STORE or ./lld_runs)")
     p.add_argument("--run-name", default=None, help="run name (default '<mode>-seed<seed>')")
     p.add_argument("--model", default=None, help="a local Hugging Face causal LM directory instead of the tiny warm-started model")

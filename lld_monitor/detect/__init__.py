@@ -23,6 +23,7 @@ from .online import (
     DetectionResult,
     OnlineDetector,
 )
+from .onset import OnsetConfig, find_onset, onset_table, post_mortem_reference
 from .phases import (
     ACCELERATION,
     COLLAPSE,
@@ -38,14 +39,11 @@ from .phases import (
 from .signals import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
 
 __all__ = [
-    "OnsetConfig",
-    "find_onset",
-    "onset_table",
-    "post_mortem_reference",
     "ACCELERATION",
     "COLLAPSE",
     "DECAY",
     "HEALTHY",
+    "OnsetConfig",
     "PHASES",
     "PHASE_SEVERITY",
     "PHASE_TITLES",
@@ -60,9 +58,12 @@ __all__ = [
     "OnlineDetector",
     "alerts_frame",
     "detect_run",
+    "find_onset",
+    "onset_table",
     "iter_signal_rows",
     "phase_level",
     "phase_title",
+    "post_mortem_reference",
     "resolve_columns",
     "reward_collapse_step",
     "reward_decline_step",

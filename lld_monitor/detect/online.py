@@ -2,8 +2,8 @@
 alerts raised at that step. `detect_run` (offline) replays a finished run through this same class,
 so online and offline alerts cannot diverge.
 
-Phases (names and titles: lld_monitor.detect.phases), after the paper's trajectory (research/paper.md
-section 2):
+Phases (names and titles: lld_monitor.detect.phases), after the paper's trajectory (the LLD paper,
+arXiv 2512.04220, section 2):
   healthy       the correct-response likelihood is still rising (or nothing is known yet)
   stagnation    phase I: the likelihood trend is flat                                   -> info
   decay         phase II: the likelihood declines with displacement, or token displacement

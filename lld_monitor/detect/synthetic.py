@@ -1,5 +1,5 @@
 """Synthetic step-signal trajectories with known phase boundaries, for tests and for tuning the
-detector before real runs exist. They follow the order of events of research/paper.md section 2:
+detector before real runs exist. They follow the order of events of the LLD paper (arXiv 2512.04220) §2:
 likelihood flat (I), then declining while reward still rises (II), then entropy / grad-norm surge and
 accelerating likelihood drop (III), then the reward collapses. Numpy only."""
 

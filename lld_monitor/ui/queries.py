@@ -243,20 +243,28 @@ def run_export_tables(reader, run_id: str) -> dict[str, pd.DataFrame]:
 @dataclass
 class PostMortem:
     overview: RunOverview
-    leads: pd.DataFrame
+    leads: pd.DataFrame  # first alert per signal (ph.lead_table)
     reference_step: int | None
-    reference_kind: str  # "reward collapse (detector)" or "none"
+    reference_kind: str  # "reward collapse", "reward 20 % decline" or "none" (detect.post_mortem_reference)
     top: pd.DataFrame
+    # what moved first, by onset of each signal's sustained change (lld_monitor.detect.onset_table)
+    onsets: pd.DataFrame = field(default_factory=pd.DataFrame)
+    spikes: pd.DataFrame = field(default_factory=pd.DataFrame)  # isolated spikes, listed apart
 
 
 def post_mortem(reader, run_id: str, k: int = 5, tracker: ph.DetectionTracker | None = None,
                 run: dict | None = None) -> PostMortem:
+    from lld_monitor.detect import onset_table, post_mortem_reference
+
     ov = run_overview(reader, run_id, tracker=tracker, run=run)
-    ref = ov.detection.collapse_step
-    kind = "reward collapse (detector)" if ref is not None else "none"
+    if ov.n_steps:
+        ref, kind = post_mortem_reference(ov.signals)
+        onsets, spikes = onset_table(ov.signals, ref)
+    else:
+        ref, kind, onsets, spikes = None, "none", pd.DataFrame(), pd.DataFrame()
     leads = ph.lead_table(ov.alerts, ref)
     top = top_displaced_samples(reader, run_id, ov.bands, k=k)
-    return PostMortem(ov, leads, ref, kind, top)
+    return PostMortem(ov, leads, ref, kind, top, onsets, spikes)
 
 
 def to_csv_bytes(df: pd.DataFrame) -> bytes:
