@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from .aggregates import derive_sample_columns, sample_sums_from_tokens, step_aggregates, to_numpy
-from .detect import OnlineDetector
+from .detect import OnlineDetector, load_detector_config
 from .store import RunWriter, WriterConfig, schema
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ class RunLogger:
         token_groups: int | None = None,
         vocab: Sequence[str] | None = None,
         detector: bool = True,
+        detector_config: Any = None,
         wandb: Any = None,
         queue_size: int = 256,
         handle_signals: bool = True,
@@ -169,6 +170,9 @@ class RunLogger:
             raise ValueError("flush_every_steps >= 1, flush_every_s > 0 and token_every >= 0 (0 = never) are required")
         if token_groups is not None and token_groups < 0:
             raise ValueError("token_groups must be None (all groups) or >= 0")
+        # DetectorConfig, a mapping of overrides or a JSON file (lld-monitor detect --config's format); None:
+        # $LLD_MONITOR_DETECTOR_CONFIG's file if set, else the defaults. A bad one fails here, before the run exists.
+        detector_cfg = load_detector_config(detector_config) if (detector and rank == 0) else None
         self.rank = rank
         self.flush_every_steps = flush_every_steps
         self.flush_every_s = flush_every_s
@@ -183,7 +187,7 @@ class RunLogger:
         # first use of Arrow's compute kernels costs ~0.5 s: pay it here, not inside a step
         _ROLES_ARROW.take(pa.array([0]))
         pa.repeat(pa.scalar("x"), 2)
-        self._detector = OnlineDetector() if (detector and rank == 0) else None
+        self._detector = OnlineDetector(detector_cfg) if detector_cfg is not None else None
         self._wandb = self._make_wandb(wandb) if (wandb is not None and wandb is not False and rank == 0) else None
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._abort_status: str | None = None

@@ -112,3 +112,39 @@ def test_detect_config_file(store, tmp_path, capsys):
     cfg.write_text(json.dumps({"bogus": 1}))
     with pytest.raises(SystemExit, match="unknown DetectorConfig field"):
         main(["detect", "--store", str(path), "--config", str(cfg)])
+
+
+def test_one_config_file_reaches_cli_runlogger_and_the_default_detector(tmp_path, monkeypatch, capsys):
+    """--config's file format is what RunLogger(detector_config=...) and $LLD_MONITOR_DETECTOR_CONFIG
+    (read by every detector built without a config: RunLogger, the dashboard, `detect` without --config) take."""
+    from lld_monitor.detect import CONFIG_ENV, OnlineDetector, load_detector_config
+
+    cfg_file = tmp_path / "det.json"
+    cfg_file.write_text(json.dumps({"collapse_frac": 0.05}))
+    df = spiral(SpiralSpec(seed=0))
+    store = tmp_path / "store"
+    with RunLogger(str(store), "cfg-run", "vanilla", {}, handle_signals=False, detector_config=str(cfg_file)) as log:
+        assert log._detector.cfg.collapse_frac == 0.05
+        for rec in df.to_dict("records"):
+            log.log_step(int(rec.pop("step")), scalars=rec)
+        rid = log.run_id
+    r = open_store_reader(store)
+    try:
+        stored = r.alerts(rid)
+        sig = r.signals(rid)
+    finally:
+        r.close()
+    with_cfg = detect_run(sig, load_detector_config(str(cfg_file)))
+    assert [(a.step, a.message) for a in with_cfg.alerts] == list(zip(stored["step"], stored["message"]))
+    assert with_cfg.collapse_step != detect_run(sig).collapse_step  # the config changed the outcome
+    # the environment variable: the default detector and `detect` without --config read the same file
+    monkeypatch.setenv(CONFIG_ENV, str(cfg_file))
+    assert OnlineDetector().cfg.collapse_frac == 0.05
+    assert main(["detect", "--store", str(store), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"][0]["collapse_step"] == with_cfg.collapse_step
+    # a bad file is a clear error, before any run is created
+    cfg_file.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="JSON object"):
+        RunLogger(str(tmp_path / "store2"), "bad", "vanilla", {}, handle_signals=False)
+    assert not (tmp_path / "store2").exists()

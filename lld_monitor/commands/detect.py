@@ -25,6 +25,7 @@ from lld_monitor.detect import (
     DetectionResult,
     DetectorConfig,
     detect_run,
+    load_detector_config,
     phase_title,
 )
 from lld_monitor.store import default_store_path
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-severity", choices=SEVERITIES, default="info",
                         help="only list alerts at or above this severity (default: info = all)")
     parser.add_argument("--config", metavar="FILE",
-                        help="JSON file of DetectorConfig overrides, e.g. {\"decay_z\": -4}")
+                        help="JSON file of DetectorConfig overrides, e.g. {\"decay_z\": -4} (default: "
+                             "$LLD_MONITOR_DETECTOR_CONFIG, which RunLogger and the dashboard read too)")
 
 
 def _num(x: float | None) -> float | None:
@@ -84,18 +86,12 @@ def run_record(run: dict, res: DetectionResult, min_severity: str = "info") -> d
 
 
 def _load_config(path: str | None) -> DetectorConfig:
-    if not path:
-        return DetectorConfig()
+    """--config FILE; without it, $LLD_MONITOR_DETECTOR_CONFIG's file if set (what RunLogger and the
+    dashboard use), else the defaults."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"lld-monitor detect: cannot read --config {path}: {e}") from e
-    if not isinstance(data, dict):
-        raise SystemExit(f"lld-monitor detect: --config {path} must hold a JSON object of DetectorConfig fields")
-    try:
-        return DetectorConfig.from_dict(data)
-    except (TypeError, ValueError) as e:
-        raise SystemExit(f"lld-monitor detect: bad --config {path}: {e}") from e
+        return load_detector_config(path or None)
+    except ValueError as e:
+        raise SystemExit(f"lld-monitor detect: --config: {e}") from e
 
 
 def _print_text(rec: dict, out) -> None:

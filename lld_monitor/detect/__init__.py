@@ -7,7 +7,7 @@
 See docs/detector.md for the phases, the signals, the thresholds and the reward-collapse definition.
 """
 
-from .config import DetectorConfig
+from .config import CONFIG_ENV, DetectorConfig, load_detector_config
 from .offline import (
     alerts_frame,
     detect_run,
@@ -39,6 +39,8 @@ from .phases import (
 from .signals import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
 
 __all__ = [
+    "CONFIG_ENV",
+    "load_detector_config",
     "ACCELERATION",
     "COLLAPSE",
     "DECAY",

@@ -7,7 +7,15 @@ deviation (MAD), so a threshold of 4 sigma means the same on any signal scale.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+CONFIG_ENV = "LLD_MONITOR_DETECTOR_CONFIG"
+"""Path of a JSON file of DetectorConfig overrides used wherever no config is passed: the detector inside
+RunLogger, the dashboard's detector and `lld-monitor detect` without --config all read it."""
 
 
 @dataclass
@@ -143,3 +151,32 @@ class DetectorConfig:
         if unknown:
             raise ValueError(f"unknown DetectorConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**d)
+
+
+def load_detector_config(source: DetectorConfig | Mapping | str | os.PathLike | None = None) -> DetectorConfig:
+    """A DetectorConfig from what a caller has: a DetectorConfig (returned as is), a mapping of overrides,
+    or the path of a JSON file of overrides (`lld-monitor detect --config FILE`'s format). None: the file
+    named by $LLD_MONITOR_DETECTOR_CONFIG when set, else the defaults. Raises ValueError with the reason
+    (unreadable file, not a JSON object, unknown field, bad value)."""
+    if isinstance(source, DetectorConfig):
+        return source
+    if source is None:
+        env = os.environ.get(CONFIG_ENV)
+        if not env:
+            return DetectorConfig()
+        source = env
+    if isinstance(source, Mapping):
+        data = dict(source)
+        where = "detector config"
+    else:
+        where = f"detector config {os.fspath(source)}"
+        try:
+            data = json.loads(Path(source).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read {where}: {e}") from e
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must hold a JSON object of DetectorConfig fields")  # noqa: TRY004
+    try:
+        return DetectorConfig.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"bad {where}: {e}") from e

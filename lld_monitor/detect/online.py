@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .config import DetectorConfig
+from .config import DetectorConfig, load_detector_config
 from .phases import (
     ACCELERATION,
     COLLAPSE,
@@ -206,7 +206,8 @@ class OnlineDetector:
     """
 
     def __init__(self, cfg: DetectorConfig | None = None) -> None:
-        self.cfg = cfg or DetectorConfig()
+        # no config given: $LLD_MONITOR_DETECTOR_CONFIG's file if set (RunLogger, the dashboard), else defaults
+        self.cfg = cfg or load_detector_config(None)
         c = self.cfg
         maxlen = int(max(c.trend_window, c.baseline_window + c.surge_window, c.displacement_window, c.smooth_window)) + 1
         self._tracks: dict[str, _Track] = {
