@@ -65,6 +65,7 @@ def lld_metrics(
     llds: lld.LLDSConfig | None = None,
     answer_mask_zero_on_span: bool = True,
     prefix: str = PREFIX,
+    log_prob: Tensor | None = None,
 ) -> dict[str, float]:
     """Our step signals for one verl batch, as ``{prefix + signal: float}``.
 
@@ -74,15 +75,29 @@ def lld_metrics(
     reference: kl (k3, token mean). With entropies: entropy. With an answer mask: answer_prob_mean.
     With ``llds``: llds_loss = λ·L_LLDS (and ``lld/llds_raw``). With valid_search_stats:
     searches_per_response. A value that cannot be computed (nothing to average) is NaN, never 0.
+
+    What verl really has: inside ``update_policy`` the current log-prob is a local of
+    ``_forward_micro_batch`` (pass it as ``log_prob=``; it is never in the batch); without
+    ``response_mask`` / ``loss_mask`` (Search-R1 with ``state_masking=false``) the mask is
+    ``attention_mask[:, -R:]``; ``valid_search_stats`` is read from ``meta_info`` as well as the batch.
+    In the micro-batch loop, collect with verl's ``append_to_dict(metrics, lld_metrics(...))`` (the step
+    value is then the mean over micro-batches), not ``metrics.update`` (which keeps the last one only).
     """
     old = _get(batch, "old_log_probs")
-    new = _get(batch, "log_prob", "log_probs")
+    new = log_prob if log_prob is not None else _get(batch, "log_prob", "log_probs")
     adv = _get(batch, "advantages")
     mask = _get(batch, "response_mask", "loss_mask")
+    if mask is None and old is not None:
+        attn = _get(batch, "attention_mask")
+        if attn is not None and attn.dim() == 2 and attn.shape[1] >= old.shape[-1]:
+            mask = attn[:, -old.shape[-1]:]  # response side of the attention mask
     missing = [n for n, v in (("old_log_probs", old), ("log_prob", new), ("advantages", adv),
                               ("response_mask/loss_mask", mask)) if v is None]
     if missing:
-        raise KeyError(f"lld_metrics needs verl batch tensors {missing} (shapes [B, R])")
+        raise KeyError(
+            f"lld_metrics needs verl batch tensors {missing} (shapes [B, R]); inside update_policy pass the "
+            "micro-batch's current log-prob as log_prob= (it is a local of _forward_micro_batch)"
+        )
     if old.dim() != 2 or new.shape != old.shape or mask.shape != old.shape:
         raise ValueError(
             f"old_log_probs, log_prob and the mask must all be [B, R]; got {tuple(old.shape)}, "
@@ -133,6 +148,9 @@ def lld_metrics(
             )
 
         vs = _get(batch, "valid_search_stats")
+        meta = getattr(batch, "meta_info", None)
+        if vs is None and isinstance(meta, Mapping) and meta.get("valid_search_stats") is not None:
+            vs = torch.as_tensor(meta["valid_search_stats"])
         v_mean = None
         if vs is not None:
             v_mean = _f(vs.double().mean())

@@ -1,0 +1,195 @@
+"""verl driver hook: every PPO step's samples and tokens (post-update log-probs included) into a run store.
+
+`LLDRayPPOTrainer` subclasses verl's `RayPPOTrainer` (verl 0.9.1, legacy trainer ``trainer.use_v1=False``)
+and overrides the actor-update step: after verl's update it runs one extra ``compute_log_prob`` on the same
+batch (the post-update ln π on the *same* tokens, so Δ = ln π_after − ln π_before is the paper's
+displacement), then ``RunLogger.log_step`` with responses, masks, old / new log-probs, advantages, scores and
+uids. Tool / observation tokens (``attention_mask = 1`` but ``response_mask = 0`` on the response side) are
+stored with role "tool" and left out of every likelihood figure.
+
+Run verl through it (same Hydra overrides as ``python -m verl.trainer.main_ppo``)::
+
+    python -m lld_monitor.integrations.verl_hook trainer.use_v1=False +trainer.lld_store=lld_runs ...
+
+Bypass mode (``algorithm.rollout_correction.bypass_mode=true``) sets ``old_log_probs = rollout_log_probs``:
+Δ then measures the rollout-engine / trainer mismatch plus the update, not LLD alone; the run's config says
+so (``lld_bypass_mode``) and a warning is logged.
+
+Search-R1's older ``RayPPOTrainer.fit()`` has no ``_update_actor``; add the same two lines after its
+``actor_output = self.actor_rollout_wg.update_actor(batch)``::
+
+    new = self.actor_rollout_wg.compute_log_prob(batch).batch["old_log_probs"]
+    log_verl_step(logger, self.global_steps, batch, new, tokenizer=self.tokenizer)
+
+What needs Ray and GPUs (a real verl run through this trainer) is not run in this repository's tests; the
+tests drive `step_payload` and the `_update_actor` override on verl's real `DataProto` with CPU tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from verl import DataProto
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from lld_monitor import lld
+from lld_monitor.aggregates import sample_sums_from_tokens
+from lld_monitor.store.schema import ROLE_ACTION, ROLE_TOOL
+
+log = logging.getLogger(__name__)
+
+
+def _cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
+    node = config
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+    return default if node is None else node
+
+
+def is_bypass_mode(config: Any) -> bool:
+    """verl's bypass mode: old_log_probs = rollout_log_probs (Δ is then not LLD alone)."""
+    return bool(_cfg_get(config, "algorithm.rollout_correction.bypass_mode", False))
+
+
+def step_payload(
+    batch: DataProto, new_log_probs: Tensor, tokenizer: Any = None
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(samples, tokens) for RunLogger.log_step from a verl step batch and its post-update log-probs [B, R]."""
+    b = batch.batch
+    responses = b["responses"]
+    n, r = responses.shape
+    attn = b["attention_mask"][:, -r:].bool()  # every real response token (model and tool)
+    model = b["response_mask"].bool() if "response_mask" in b.keys() else attn  # model tokens only
+    model = model & attn
+    old = b["old_log_probs"].float()
+    if new_log_probs.shape != old.shape:
+        raise ValueError(f"post-update log-probs must be [B, R] = {tuple(old.shape)}, got {tuple(new_log_probs.shape)}")
+    role = torch.where(model, torch.full_like(responses, ROLE_ACTION), torch.full_like(responses, ROLE_TOOL))
+    tokens: dict[str, Any] = {
+        "token_id": responses.cpu().numpy(),
+        "mask": attn.cpu().numpy(),
+        "role": role.cpu().numpy(),
+        "action_idx": lld.action_index(model).cpu().numpy(),
+        "logp_old": old.cpu().numpy(),
+        "logp_new": new_log_probs.float().cpu().numpy(),
+    }
+    if "ref_log_prob" in b.keys():
+        tokens["logp_ref"] = b["ref_log_prob"].float().cpu().numpy()
+    adv = b["advantages"].float()
+    first = model.int().argmax(dim=1)
+    adv_r = adv.gather(1, first.unsqueeze(1)).squeeze(1) if adv.dim() == 2 else adv
+    if "token_level_scores" in b.keys():
+        reward = b["token_level_scores"].float().sum(dim=-1)
+    else:
+        reward = torch.full((n,), float("nan"))
+    uid = batch.non_tensor_batch.get("uid")
+    groups = np.array([str(u) for u in uid], dtype=object) if uid is not None else np.arange(n).astype(str).astype(object)
+    tool = attn & ~model
+    starts = tool.clone()
+    starts[:, 1:] &= ~tool[:, :-1]
+    samples: dict[str, Any] = {
+        "reward": reward.double().cpu().numpy(),
+        "advantage": adv_r.double().cpu().numpy(),
+        "group_id": groups,
+        "prompt_id": groups,
+        "sample_idx": np.arange(n, dtype=np.int32),
+        "n_searches": starts.sum(dim=1).cpu().numpy().astype(np.int32),
+        **sample_sums_from_tokens({k: tokens[k] for k in ("mask", "role", "action_idx", "logp_old", "logp_new")}),
+    }
+    if tokenizer is not None:
+        samples["text"] = np.array(
+            [tokenizer.decode(row[m].tolist(), skip_special_tokens=False) for row, m in zip(responses.cpu(), attn.cpu(), strict=True)],
+            dtype=object,
+        )
+    return samples, tokens
+
+
+def log_verl_step(logger: Any, step: int, batch: DataProto, new_log_probs: Tensor, tokenizer: Any = None,
+                  scalars: Mapping[str, float] | None = None) -> None:
+    """One verl PPO step into `logger` (a RunLogger): samples, tokens and any extra scalars."""
+    samples, tokens = step_payload(batch, new_log_probs, tokenizer)
+    logger.log_step(int(step), scalars=dict(scalars or {}), samples=samples, tokens=tokens)
+
+
+class LLDRayPPOTrainer(RayPPOTrainer):
+    """`RayPPOTrainer` that logs each step's samples / tokens (with post-update log-probs) to a run store.
+
+    The store is ``trainer.lld_store`` in the verl config (default ``lld_runs``); pass ``lld_logger=`` to use
+    your own RunLogger."""
+
+    def __init__(self, *args: Any, lld_logger: Any = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lld_logger = lld_logger
+        self.lld_bypass = is_bypass_mode(self.config)
+        if self.lld_bypass:
+            log.warning("verl bypass mode: old_log_probs are the rollout engine's, so the displacement lld-monitor "
+                        "logs measures the rollout / trainer mismatch plus the update, not LLD alone")
+
+    def _lld_logger(self) -> Any:
+        if self.lld_logger is None:
+            from lld_monitor.logger import RunLogger  # noqa: PLC0415
+
+            store = _cfg_get(self.config, "trainer.lld_store", "lld_runs")
+            mode = "llds" if _cfg_get(self.config, "actor_rollout_ref.actor.policy_loss.loss_mode") == "llds" else "vanilla"
+            name = _cfg_get(self.config, "trainer.experiment_name", "verl")
+            self.lld_logger = RunLogger(store, str(name), mode, {"lld_bypass_mode": self.lld_bypass}, source="verl",
+                                        model=_cfg_get(self.config, "actor_rollout_ref.model.path"))
+        return self.lld_logger
+
+    def _update_actor(self, batch: DataProto) -> DataProto:
+        out = super()._update_actor(batch)
+        try:
+            new, _ = self._compute_old_log_prob(batch)  # after the update: ln π_new on the same tokens
+            scalars = {"verl_bypass_mode": 1.0} if self.lld_bypass else {}
+            log_verl_step(self._lld_logger(), self.global_steps, batch, new.batch["old_log_probs"],
+                          getattr(self, "tokenizer", None), scalars)
+        except Exception:  # noqa: BLE001 - monitoring must never stop training
+            log.exception("lld-monitor: could not log verl step %s", getattr(self, "global_steps", "?"))
+        return out
+
+
+def _task_runner() -> Any:
+    """verl's legacy TaskRunner (a Ray actor) with `LLDRayPPOTrainer` in place of `RayPPOTrainer`, swapped
+    inside the actor's own process."""
+    import ray  # noqa: PLC0415
+    from verl.trainer import main_ppo_v0  # noqa: PLC0415
+
+    base = main_ppo_v0.TaskRunner.__ray_actor_class__
+
+    class LLDTaskRunner(base):  # type: ignore[misc, valid-type]
+        def run(self, config: Any) -> Any:
+            main_ppo_v0.RayPPOTrainer = LLDRayPPOTrainer
+            return super().run(config)
+
+    return ray.remote(num_cpus=1)(LLDTaskRunner)
+
+
+def main() -> None:  # pragma: no cover - needs Ray and GPUs
+    """`python -m lld_monitor.integrations.verl_hook <verl Hydra overrides>`: verl's main_ppo with the hook."""
+    import os  # noqa: PLC0415
+
+    import hydra  # noqa: PLC0415
+    import verl  # noqa: PLC0415
+    from verl.trainer.main_ppo import run_ppo  # noqa: PLC0415
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+
+    @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
+    def _main(config: Any) -> None:
+        run_ppo(config, task_runner_class=_task_runner())
+
+    _main()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+
+
+__all__ = ["LLDRayPPOTrainer", "is_bypass_mode", "log_verl_step", "step_payload"]
