@@ -252,8 +252,15 @@ def summarize(rows: list[Row]) -> dict[str, dict[str, dict]]:
 Source = Iterator[tuple[str, str, str, pd.DataFrame, pd.DataFrame | None]]
 
 
-def load_store(path: str, only: list[str] | None, seen: set[str]) -> Source:
-    """(name, store, mode, signals, samples-or-None) per run; a run id seen in an earlier store is skipped."""
+def store_label(path: str) -> str:
+    """A short name for a store in tables: its folder, or the folder above when that is called 'store'."""
+    p = Path(path).resolve()
+    return p.parent.name if p.name in ("store", "runs") else p.name
+
+
+def load_store(path: str, only: list[str] | None, seen: set[tuple[str, str]]) -> Source:
+    """(name, store, mode, signals, samples-or-None) per run. The same run copied into two stores (same run id
+    and start time) is evaluated once; runs of different stores that share an id are different runs."""
     from lld_monitor.store import open_store_reader
 
     r = open_store_reader(path)
@@ -261,15 +268,16 @@ def load_store(path: str, only: list[str] | None, seen: set[str]) -> Source:
         for rec in r.runs().to_dict("records"):
             if only and rec["name"] not in only and rec["run_id"] not in only:
                 continue
-            if rec["run_id"] in seen:
+            key = (str(rec["run_id"]), str(rec.get("started_at")))
+            if key in seen:
                 continue
-            seen.add(rec["run_id"])
+            seen.add(key)
             sig = r.signals(rec["run_id"])
             if sig.empty:
                 continue
             has_verl = any(c.startswith("actor/") for c in sig.columns)
             samples = None if has_verl else r.samples(rec["run_id"])
-            yield str(rec["name"]), path, str(rec.get("mode")), sig, samples
+            yield str(rec["name"]), store_label(path), str(rec.get("mode")), sig, samples
     finally:
         r.close()
 
@@ -340,9 +348,11 @@ def per_run_table(rows: list[Row], markdown: bool) -> list[str]:
     else:
         lines.append("  ".join(f"{h:>14}" if i else f"{h:<26}" for i, h in enumerate(hdr)))
     order = {h: i for i, h in enumerate(HALVES)}
-    for (_, run), vs in sorted(by_run.items(), key=lambda kv: (order[next(iter(kv[1].values())).half], kv[0][1])):
+    several = len({st for st, _ in by_run}) > 1
+    for (st, run), vs in sorted(by_run.items(),
+                                key=lambda kv: (order[next(iter(kv[1].values())).half], kv[0][1], kv[0][0])):
         base = next(iter(vs.values()))
-        cells = [run, base.half, base.label, _f(base.collapse_step), _f(base.decline_step)]
+        cells = [f"{st}/{run}" if several else run, base.half, base.label, _f(base.collapse_step), _f(base.decline_step)]
         for v in VARIANTS:
             r = vs.get(v)
             if r is None:
@@ -403,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --store PATH (repeatable) and/or --synthetic N")
 
     sources: list[Source] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for st in args.store:
         if not Path(st).exists():
             print(f"detector_eval: no store at {st}", file=sys.stderr)
