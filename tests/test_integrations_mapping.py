@@ -69,3 +69,22 @@ def test_detect_family():
     assert detect_family({"train/global_step", "train/reward"}) == "trl"
     assert detect_family({"lld/step"}) == "lld-monitor"
     assert detect_family({"foo"}) == "unknown"
+
+
+def test_field_names_mapped_and_family():
+    """Names real runs log (issue 17): mapped where the meaning matches, kept under their own key otherwise."""
+    from lld_monitor.integrations.mapping import detect_family, map_row
+
+    verl = {"perf/time_per_step": 12.5, "tool_call_counts/mean": 1.5, "num_turns/mean": 3.0,
+            "actor/pg_clipfrac_lower": 0.01, "actor/entropy_loss": 0.7, "actor/pg_loss": 0.1}
+    got = map_row(verl)
+    assert got["step_time"] == 12.5
+    assert "searches_per_response" not in got  # a proxy (every tool call): drawn under its own key, not stored
+    assert "clip_frac" not in got  # dual-clip lower fraction is not the clip fraction
+    # current verl's new engine logs actor/entropy_loss too: not a Search-R1 marker
+    assert detect_family(verl) == "verl"
+    assert detect_family({"env/number_of_actions/mean": 2.0, "env/finish_ratio": 1.0, "actor/pg_loss": 0.1}) == "search-r1"
+    trl = {"train/tools/call_frequency": 0.5, "train/frac_reward_zero_std": 0.25, "train/rewards/em/mean": 0.4,
+           "train/sampling/sampling_logp_difference/mean": 0.01, "train/global_step": 3}
+    assert map_row(trl) == {}  # no exact counterpart: kept in metrics under their own names
+    assert detect_family(trl) == "trl"

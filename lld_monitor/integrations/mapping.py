@@ -62,7 +62,8 @@ def detect_family(keys: set[str] | list[str]) -> str:
     ks = set(keys)
     if any(k.startswith(registry.EXPORT_PREFIX) for k in ks):
         return "lld-monitor"
-    if "actor/loss_noreduce" in ks or "env/number_of_valid_search" in ks or "actor/entropy_loss" in ks:
+    # Search-R1's own names; `actor/entropy_loss` is not one (current verl's new engine logs it too)
+    if "actor/loss_noreduce" in ks or any(k.startswith("env/") for k in ks):
         return "search-r1"
     if any(k.startswith(("actor/", "critic/")) for k in ks):
         return "verl"
