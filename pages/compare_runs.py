@@ -2,14 +2,17 @@
 
 import streamlit as st
 
-from lld_monitor.ui import figures, pairing, widgets
+from lld_monitor.ui import figures, pairing, queries, widgets
+from lld_monitor.ui import phases as ph
 from lld_monitor.ui import signals as sig
 
 ctx = widgets.current()
 st.title("Compare runs")
 if widgets.require_run(ctx):
     runs = ctx.runs
-    names = {r["run_id"]: f"{r['name']} ({r['mode']}, {r['source']})" for _, r in runs.iterrows()}
+    names = {r["run_id"]: f"{r['name']} ({ph.mode_label(r['mode'])}"
+             + ("" if r["source"] == "local" else f", {r['source']}") + ")" for _, r in runs.iterrows()}
+    modes = dict(zip(runs["run_id"], runs["mode"].astype(str)))
     base = ctx.run_id
     cands = pairing.twin_candidates(runs, base)
     others = [rid for rid in runs["run_id"] if rid != base]
@@ -32,7 +35,8 @@ if widgets.require_run(ctx):
         twin_row = runs[runs["run_id"] == twin].iloc[0]
         choice = c2.segmented_control(
             "Show", ["base", "twin", "both"], default="both", key="cmp_show",
-            format_func=lambda o: {"base": f"{base_row['mode']}", "twin": f"{twin_row['mode']}", "both": "both"}[o],
+            format_func=lambda o: {"base": ph.mode_label(base_row["mode"]), "twin": ph.mode_label(twin_row["mode"]),
+                                   "both": "both"}[o],
             help="One click switches between the run and its twin.",
         ) or "both"
         extra = st.multiselect("Overlay other runs (local and imported)", [r for r in others if r != twin],
@@ -52,10 +56,17 @@ if widgets.require_run(ctx):
             st.stop()
         default = [n for n in sig.COMPARE_DEFAULT if n in avail] or avail[:4]
         chosen = st.multiselect("Signals", avail, default=default, key="cmp_signals", format_func=sig.label)
-        smoothing = st.slider("EMA smoothing", 0.0, 0.99, 0.0, 0.01, key="cmp_smoothing")
+        smoothing = st.slider("Smoothing (EMA; the raw trace stays faint behind)", 0.0, 0.99, 0.6, 0.01,
+                              key="cmp_smoothing")
         frames = widgets.cached_compare(ctx.store, tuple(shown), tuple(chosen), versions)
-        fig = figures.compare_figure([(names[r], frames[r]) for r in shown], chosen, smoothing)
+        fig = figures.compare_figure([(names[r], frames[r]) for r in shown], chosen, smoothing,
+                                     modes=[modes[r] for r in shown])
         widgets.plotly(fig, key="cmp_fig")
+        st.caption("Colour = mode, the same on every page (a second run of a mode is dashed). Hover shows every run "
+                   "at that step; drag to zoom (all panels follow), double-click to reset; camera icon: PNG.")
+        st.download_button("Download these series (CSV)", queries.to_csv_bytes(figures.compare_table(
+            {names[r]: frames[r] for r in shown}, chosen)), file_name="compare.csv", mime="text/csv",
+            key="cmp_csv", on_click="ignore", icon=":material/download:")
 
         st.subheader("Differences at chosen steps")
         last = [int(f["step"].max()) for f in frames.values() if len(f)]

@@ -2,13 +2,26 @@
 
 import streamlit as st
 
-from lld_monitor.ui import figures, widgets
+from lld_monitor.ui import figures, pairing, queries, widgets
+from lld_monitor.ui import phases as ph
 
 ctx = widgets.current()
 st.title("Live health")
 if widgets.require_run(ctx):
-    smoothing = st.slider("EMA smoothing (raw trace stays visible)", 0.0, 0.99, 0.6, 0.01, key="live_smoothing")
-    live = (ctx.run or {}).get("status") == "running"
+    st.caption(widgets.WHAT_TO_WATCH)
+    run = ctx.run or {}
+    twin_id = pairing.best_twin(ctx.runs, ctx.run_id)
+    twin_row = ctx.runs[ctx.runs["run_id"] == twin_id].iloc[0] if twin_id else None
+    c1, c2, c3 = st.columns([2, 1, 1.4], vertical_alignment="bottom")
+    smoothing = c1.slider("Smoothing (EMA; the raw trace stays faint behind)", 0.0, 0.99, 0.6, 0.01, key="live_smoothing")
+    show_info = c2.toggle("Show info alerts", value=False, key="live_info",
+                          help="info = isolated spikes and stagnation signs; warning and critical are always shown")
+    overlay = False
+    if twin_row is not None:
+        overlay = c3.toggle(f"Overlay the {ph.mode_label(twin_row['mode'])} twin", value=False, key="live_twin",
+                            help=f"{twin_row['name']}: the run with the same config in another mode, drawn in its "
+                                 "mode's colour (Compare runs has more).")
+    live = run.get("status") == "running" or (overlay and twin_row is not None and twin_row["status"] == "running")
 
     @st.fragment(run_every=widgets.REFRESH_S if live else None)
     def live_panel() -> None:
@@ -22,6 +35,10 @@ if widgets.require_run(ctx):
             ctx.runs = runs
         try:
             ov = widgets.cached_overview(store, run_id, ctx.version(run_id), ctx.run)
+            twin = None
+            if overlay and twin_id:
+                twin = (f"{twin_row['name']} ({ph.mode_label(twin_row['mode'])})",
+                        widgets.cached_signals(store, twin_id, ctx.version(twin_id)), str(twin_row["mode"]))
         except widgets.StoreProblem as exc:
             st.warning(str(exc))
             return
@@ -34,11 +51,22 @@ if widgets.require_run(ctx):
         else:
             if ov.n_steps == 1:
                 st.caption("Only one step so far: trends and phases need more steps.")
-            widgets.plotly(figures.live_health_figure(ov.signals, ov.bands, ov.alerts, smoothing), key="live_fig")
+            alerts = ph.filter_alerts(ov.alerts, ("info", "warning", "critical") if show_info else ("warning", "critical"))
+            hidden = len(ov.alerts) - len(alerts)
+            label = f"{ov.run.get('name')} ({ph.mode_label(ov.run.get('mode'))})"
+            fig = figures.live_health_figure(ov.signals, ov.bands, alerts, smoothing, mode=ov.run.get("mode"),
+                                             run_label=label, twin=twin, phase_ii_step=ov.phase_ii_step)
+            widgets.plotly(fig, key="live_fig")
+            st.caption(figures.live_legend_caption(ov.bands, hidden))
+            name = widgets.safe_name(ov.run.get("name") or run_id)
+            st.download_button("Download the signals (CSV)", queries.to_csv_bytes(ov.signals),
+                               file_name=f"{name}_signals.csv", mime="text/csv", key="live_csv", on_click="ignore",
+                               icon=":material/download:")
             if len(ov.alerts):
-                with st.expander(f"Alerts ({len(ov.alerts)})", expanded=False):
-                    st.dataframe(ov.alerts, hide_index=True, width="stretch")
-        if live and ov.status != "running":
+                with st.expander(f"Alerts ({len(alerts)} shown, {hidden} info hidden)" if hidden
+                                 else f"Alerts ({len(alerts)})", expanded=False):
+                    st.dataframe(alerts, hide_index=True, width="stretch")
+        if live and ov.status != "running" and run.get("status") == "running":
             st.rerun()  # the run ended: redraw the page once without the refresh timer
 
     live_panel()

@@ -28,6 +28,18 @@ if widgets.require_run(ctx):
             st.session_state["tok_filter"] = "all"
     try:
         logged_steps = widgets.cached_token_steps(ctx.store, ctx.run_id, version)
+        # first visit of this run (no link): open where displacement shows best (phase II onset, else the run's
+        # most displaced preserved sample), on a sample whose tokens were stored
+        default = None
+        if logged_steps and link[0] is None and st.session_state.get("_tok_default_for") != ctx.run_id:
+            ov = widgets.cached_overview(ctx.store, ctx.run_id, version, ctx.run)
+            default = widgets.cached_token_pick(ctx.store, ctx.run_id, ov.phase_ii_step, version)
+            st.session_state["_tok_default_for"] = ctx.run_id
+            if default is not None:
+                st.session_state["tok_step"] = default.step
+                st.session_state["tok_pick"] = (default.sample_idx, default.rank)
+                st.session_state["tok_filter"] = "all"
+                st.session_state["_tok_why"] = (ctx.run_id, default.step, default.sample_idx, default.rank, default.why)
     except widgets.StoreProblem as exc:
         st.warning(str(exc))
         st.stop()
@@ -52,7 +64,14 @@ if widgets.require_run(ctx):
         labels = {(int(r["sample_idx"]), int(r["rank"])): tokens.sample_label(r) for _, r in view.samples.iterrows()}
         if st.session_state.get("tok_pick") not in options:
             st.session_state["tok_pick"] = options[0]
-        pick = st.selectbox("Sample", options, key="tok_pick", format_func=lambda o: labels.get(o, str(o)))
+        n_tok = int(view.samples["has_tokens"].sum()) if "has_tokens" in view.samples else len(options)
+        pick = st.selectbox(f"Sample ({n_tok} of {len(options)} with stored tokens, listed first)", options, key="tok_pick",
+                            format_func=lambda o: labels.get(o, str(o)),
+                            help="Token logging is sampled (a few groups per logged step); the other samples have "
+                                 "their summed Δ but no per-token rows.")
+        why = st.session_state.get("_tok_why")
+        if why and why[:4] == (ctx.run_id, step, *pick):
+            st.caption(why[4])
         color_by = st.radio("Colour by", list(tokens.COLOR_BY), format_func=tokens.COLOR_BY.get, horizontal=True,
                             key="tok_color")
         one = widgets.cached_token_view(ctx.store, ctx.run_id, step, pick[0], pick[1], which, sort, version)
@@ -67,7 +86,8 @@ if widgets.require_run(ctx):
         if isinstance(row.get("question"), str) and row.get("question"):
             st.text(f"Question: {row['question']}\nGold: {row.get('gold') or '—'}")  # plain text: no markup from data
         if one.tokens.empty:
-            st.info("No tokens were stored for this sample.")
+            st.info("No tokens were stored for this sample (token logging is sampled): pick one listed first, "
+                    "those have tokens.")
         else:
             scale = tokens.delta_scale(one.tokens) if color_by == "delta" else 1.0
             st.html(tokens.legend_html(color_by, scale))

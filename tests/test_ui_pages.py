@@ -68,8 +68,11 @@ def test_page_renders_on_generated_store(store, page):
     assert at.sidebar.text_input(key="store_path").value == store["path"]
     picker = at.sidebar.selectbox(key="run_id")
     assert picker.value == store["vanilla"]
-    assert any("synth-vanilla · vanilla · local · finished · " in o for o in picker.options)
-    assert any("wandb-import · unknown · wandb" in o for o in picker.options)
+    # short labels (the sidebar is narrow): the mode only when the name does not say it, the source only when
+    # it is not local, the status only when live or crashed; then the phase
+    assert any(o.startswith("synth-vanilla · ") for o in picker.options)
+    assert any(o.startswith("wandb-import · wandb") for o in picker.options)
+    assert all(len(o) <= 40 for o in picker.options), picker.options
 
 
 def test_live_health_controls_and_status(store):
@@ -107,7 +110,18 @@ def test_compare_toggle_switches_the_shown_run(store):
 def test_token_inspector_controls_and_query_params(store):
     at = _app(store["path"], store["vanilla"], "pages/token_inspector.py")
     _assert_clean(at)
-    assert at.select_slider(key="tok_step").value == 84  # last step with token data (every 6th)
+    # it opens where displacement shows best, on a sample whose tokens were stored (not an empty box)
+    from lld_monitor.store import open_store_reader
+    from lld_monitor.ui import queries as q
+
+    with open_store_reader(store["path"]) as r:
+        ov = q.run_overview(r, store["vanilla"])
+        best = q.best_token_pick(r, store["vanilla"], phase_ii_step=ov.phase_ii_step)
+    assert ov.phase_ii_step is not None and best.step >= ov.phase_ii_step and best.step % 6 == 0
+    assert at.select_slider(key="tok_step").value == best.step
+    assert at.selectbox(key="tok_pick").value == (best.sample_idx, best.rank)
+    assert "No tokens were stored" not in _text(at)
+    assert any("lld-tokens" in h.proto.body for h in at.get("html"))
     for color in ("prob_new", "delta"):
         at.radio(key="tok_color").set_value(color).run()
         _assert_clean(at)

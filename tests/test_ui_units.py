@@ -160,8 +160,9 @@ def test_live_figure_has_bands_and_alerts_on_every_panel():
     fig = figures.live_health_figure(df, bands, alerts, smoothing=0.5)
     rects = [s for s in fig.layout.shapes if s.type == "rect"]
     assert len(rects) == 2 * n_panels
-    marker_traces = [t for t in fig.data if t.name == "alerts"]
-    assert len(marker_traces) == n_panels and all(len(t.x) == 2 for t in marker_traces)
+    marker_traces = [t for t in fig.data if str(t.legendgroup).startswith("alerts-")]  # one per severity and panel
+    assert len(marker_traces) == 2 * n_panels and all(len(t.x) == 1 for t in marker_traces)
+    assert sum(bool(t.showlegend) for t in marker_traces) == 2  # one legend entry per severity
     # smoothing keeps the raw trace: a faint raw + a smoothed trace per signal
     raw = [t for t in fig.data if t.name and t.name.endswith("(raw)")]
     assert len(raw) == 7  # the 7 signals of _signals() (no accuracy column)

@@ -8,10 +8,35 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lld_monitor.ui import signals as sig
-from lld_monitor.ui.phases import PHASE_COLORS, PHASE_SOLID, SEVERITY_COLORS
+from lld_monitor.ui.phases import (
+    PHASE_COLORS,
+    PHASE_SOLID,
+    SEVERITY_COLORS,
+    SEVERITY_MEANING,
+    mode_color,
+    mode_label,
+    phase_short,
+    phase_title,
+)
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 ROLE_COLORS = {"action": "#1f77b4", "answer": "#2ca02c", "tool": "#9e9e9e"}
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+SEVERITY_ORDER = ("critical", "warning", "info")
+RAW_OPACITY = 0.25
+LEGEND_ENTRY_PX = 235  # fixed legend entry width: entries line up in columns  # the raw trace behind a smoothed line (W&B / TensorBoard convention)
+
+
+def run_styles(modes: list[str | None]) -> list[tuple[str, str]]:
+    """(colour, dash) per run: the colour says the mode (the same on every page), a second run of the same
+    mode keeps the colour and gets the next dash."""
+    seen: dict[str, int] = {}
+    out = []
+    for m in modes:
+        k = str(m)
+        i = seen.get(k, 0)
+        seen[k] = i + 1
+        out.append((mode_color(m), DASHES[i % len(DASHES)]))
+    return out
 
 
 def _mode(n: int) -> str:
@@ -48,6 +73,7 @@ def add_phase_bands(fig: go.Figure, bands: pd.DataFrame | None, *, rows: int = 1
     refs = _axis_refs(fig, rows)
     shapes, notes = list(fig.layout.shapes or ()), list(fig.layout.annotations or ())
     n = len(bands)
+    span = max(1.0, float(bands["end"].max()) - float(bands["start"].min()))
     for i, b in enumerate(bands.itertuples(index=False)):
         # a band runs from its first step up to the next band's first step (the last one to the last step)
         x0, x1 = float(b.start), float(b.end) + (0.5 if i == n - 1 else 0.0)
@@ -57,10 +83,11 @@ def add_phase_bands(fig: go.Figure, bands: pd.DataFrame | None, *, rows: int = 1
         for xref, yref in refs:
             shapes.append(dict(type="rect", xref=xref, yref=f"{yref} domain", x0=x0, x1=x1, y0=0, y1=1,
                                fillcolor=color, line=dict(width=0), layer="below"))
-        if label:
+        if label and (x1 - x0) / span >= 0.06:  # a narrow band keeps its shade, not a label that overlaps
             xref, yref = refs[0]
             notes.append(dict(x=(x0 + x1) / 2, y=1.0, xref=xref, yref=f"{yref} domain", yanchor="top", showarrow=False,
-                              text=str(b.phase), font=dict(size=11, color=PHASE_SOLID.get(str(b.phase), "#555"))))
+                              text=f"<b>{phase_short(str(b.phase))}</b>", name="phase-band",
+                              font=dict(size=11, color=PHASE_SOLID.get(str(b.phase), "#555"))))
     fig.update_layout(shapes=shapes, annotations=notes)
 
 
@@ -73,50 +100,93 @@ def _value_at(steps: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarr
 
 
 def add_alert_markers(fig: go.Figure, alerts: pd.DataFrame | None, panels: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
-    """A marker per alert on every panel (at the panel's first signal's value), hover = the alert message."""
+    """A marker per alert on every panel (at the panel's first signal's value), hover = the alert message;
+    one legend entry per severity that says what it means."""
     if alerts is None or len(alerts) == 0:
         return
     a = alerts.sort_values("step")
-    at = a["step"].to_numpy(dtype="float64")
-    colors = [SEVERITY_COLORS.get(str(s), "#555") for s in a["severity"]]
-    text = [
-        f"<b>{s} alert</b> · step {int(st)}<br>{sig_}: {m}" for s, st, sig_, m in
-        zip(a["severity"], a["step"], a["signal"], a["message"].fillna(""))
-    ]
-    for i, (row, steps, values) in enumerate(panels):
-        y = _value_at(steps, values, at)
-        fig.add_trace(
-            go.Scatter(
-                x=at, y=y, mode="markers", name="alerts", legendgroup="alerts", showlegend=(i == 0),
-                marker=dict(symbol="triangle-down", size=11, color=colors, line=dict(width=1, color="white")),
-                hovertext=text, hoverinfo="text",
-            ),
-            row=row, col=1,
-        )
+    for sev in SEVERITY_ORDER:
+        sub = a[a["severity"].astype(str) == sev]
+        if sub.empty:
+            continue
+        at = sub["step"].to_numpy(dtype="float64")
+        text = [f"<b>{sev} alert</b> · step {int(st)}<br>{sig_}: {m}" for st, sig_, m in
+                zip(sub["step"], sub["signal"], sub["message"].fillna(""))]
+        for i, (row, steps, values) in enumerate(panels):
+            fig.add_trace(
+                go.Scatter(
+                    x=at, y=_value_at(steps, values, at), mode="markers", name=f"{sev} alert: {SEVERITY_MEANING[sev]}",
+                    legendgroup=f"alerts-{sev}", showlegend=(i == 0), legendrank=1200 + SEVERITY_ORDER.index(sev),
+                    marker=dict(symbol="triangle-down", size=11 if sev != "info" else 8, color=SEVERITY_COLORS[sev],
+                                line=dict(width=1, color="white")),
+                    hovertext=text, hoverinfo="text",
+                ),
+                row=row, col=1,
+            )
 
 
-def _add_signal(fig, steps, values, name, color, smoothing, row, secondary=None, dash=None, group=None, show=True):
+def _add_signal(fig, steps, values, name, color, smoothing, row, secondary=None, dash=None, group=None, show=True,
+                legend_name=None, width=2.0):
+    """One signal: with smoothing, the EMA line plus the raw trace faint behind it (hover shows both)."""
     kw = {"secondary_y": secondary} if secondary is not None else {}
     n = int(np.isfinite(values).sum())
+    legend = {"legendgroup": group or name, "showlegend": show}
     if smoothing > 0 and n > 1:
         fig.add_trace(
             go.Scatter(x=steps, y=values, mode="lines", name=f"{name} (raw)", legendgroup=group or name,
-                       line=dict(color=color, width=1, dash=dash), opacity=0.3, showlegend=False, hoverinfo="skip"),
+                       line=dict(color=color, width=1, dash=dash), opacity=RAW_OPACITY, showlegend=False,
+                       hoverinfo="skip"),
             row=row, col=1, **kw,
         )
         fig.add_trace(
-            go.Scatter(x=steps, y=sig.ema(values, smoothing), mode="lines", name=name, legendgroup=group or name,
-                       line=dict(color=color, width=2, dash=dash), showlegend=show,
-                       customdata=values, hovertemplate=f"{name}: %{{y:.4g}} (raw %{{customdata:.4g}})<extra></extra>"),
+            go.Scatter(x=steps, y=sig.ema(values, smoothing), mode="lines", name=legend_name or name,
+                       line=dict(color=color, width=width, dash=dash), customdata=values, **legend,
+                       hovertemplate=f"{name}: %{{y:.4g}} (raw %{{customdata:.4g}})<extra></extra>"),
             row=row, col=1, **kw,
         )
     else:
         fig.add_trace(
-            go.Scatter(x=steps, y=values, mode=_mode(len(steps)), name=name, legendgroup=group or name,
-                       line=dict(color=color, width=2, dash=dash), showlegend=show,
+            go.Scatter(x=steps, y=values, mode=_mode(len(steps)), name=legend_name or name,
+                       line=dict(color=color, width=width, dash=dash), **legend,
                        hovertemplate=f"{name}: %{{y:.4g}}<extra></extra>"),
             row=row, col=1, **kw,
         )
+
+
+def add_phase_legend(fig: go.Figure, bands: pd.DataFrame | None) -> None:
+    """Legend entries (a square per phase present) that say what each band's shade means."""
+    if bands is None or bands.empty:
+        return
+    for ph in dict.fromkeys(bands["phase"].astype(str)):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{phase_title(ph)}", hoverinfo="skip",
+                                 legendgroup="phases", legendrank=1100,
+                                 marker=dict(symbol="square", size=12, color=PHASE_SOLID.get(ph, "#999"), opacity=0.45)))
+
+
+def live_legend_caption(bands: pd.DataFrame | None, hidden_info: int = 0) -> str:
+    """One line under the live chart: the phases the run went through, in order, and the hidden info alerts."""
+    bits = []
+    if bands is not None and len(bands):
+        seq = []
+        for b in bands.itertuples(index=False):
+            t = f"{phase_title(str(b.phase))} from step {int(b.start)}"
+            if not seq or not seq[-1].startswith(phase_title(str(b.phase)) + " "):
+                seq.append(t)
+        bits.append("Phases: " + " → ".join(seq) + ".")
+    if hidden_info:
+        bits.append(f"{hidden_info} info alert(s) hidden (isolated spikes): turn on *Show info alerts* to see them.")
+    bits.append("Camera icon on the chart: PNG.")
+    return " ".join(bits)
+
+
+def add_step_marker(fig: go.Figure, step: int | float, text: str, color: str, row: int, rows: int) -> None:
+    """A dashed vertical line at `step` in one panel with a label at its top (e.g. the phase II onset)."""
+    refs = _axis_refs(fig, rows)
+    xref, yref = refs[row - 1]
+    fig.add_shape(type="line", xref=xref, yref=f"{yref} domain", x0=step, x1=step, y0=0, y1=1,
+                  line=dict(color=color, width=2, dash="dash"))
+    fig.add_annotation(x=step, y=0.02, xref=xref, yref=f"{yref} domain", text=text, showarrow=False, xanchor="right",
+                       yanchor="bottom", name="step-marker", font=dict(size=11, color=color), bgcolor="rgba(255,255,255,0.8)")
 
 
 def live_health_figure(
@@ -125,44 +195,91 @@ def live_health_figure(
     alerts: pd.DataFrame | None = None,
     smoothing: float = 0.0,
     panels: tuple[sig.SignalSpec, ...] = sig.LIVE_PANELS,
-    height_per_panel: int = 190,
+    height_per_panel: int = 170,
+    *,
+    mode: str | None = None,
+    run_label: str | None = None,
+    twin: tuple[str, pd.DataFrame, str | None] | None = None,
+    phase_ii_step: int | None = None,
 ) -> go.Figure:
-    """The run's key signals stacked on one shared step axis, phase bands shaded, alerts marked on every panel."""
+    """The run's key signals stacked on one shared step axis (zoom one panel, all follow), phase bands shaded,
+    alerts marked on every panel, the phase II onset drawn on the correct-response log-likelihood.
+
+    Lines take the run's mode colour (the same on every page); a panel's second signal is dotted on the right
+    axis. `twin` = (label, signals, mode) overlays another run (e.g. the LLDS twin) in its own mode colour."""
     frame = sig.canonical_frame(signals)
     if len(frame) == 0:
         return empty_figure("No steps logged yet.")
     steps = frame["step"].to_numpy(dtype="float64")
+    runs = [(run_label or mode_label(mode), frame, mode)]
+    if twin is not None:
+        tf = sig.canonical_frame(twin[1])
+        if len(tf):
+            runs.append((twin[0], tf, twin[2]))
+    styles = run_styles([m for _, _, m in runs])
     specs = [[{"secondary_y": bool(p.secondary)}] for p in panels]
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.045,
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.055,
                         subplot_titles=[p.title for p in panels], specs=specs)
+    fig.update_annotations(font_size=13)  # the panel titles
     marker_panels: list[tuple[int, np.ndarray, np.ndarray]] = []
-    color_i = 0
     for r, panel in enumerate(panels, start=1):
         first_values = None
-        for secondary, names in ((False, panel.signals), (True, panel.secondary)):
-            for name in names:
-                color = PALETTE[color_i % len(PALETTE)]
-                color_i += 1
-                if name not in frame.columns:
-                    continue
-                values = frame[name].to_numpy(dtype="float64")
-                if first_values is None:
-                    first_values = values
-                _add_signal(fig, steps, values, sig.label(name), color, smoothing, r,
-                            secondary=secondary if panel.secondary else None, dash="dot" if secondary else None)
+        for j, (label_, f, _m) in enumerate(runs):
+            color, dash = styles[j]
+            run_steps = f["step"].to_numpy(dtype="float64")
+            for secondary, names in ((False, panel.signals), (True, panel.secondary)):
+                for name in names:
+                    if name not in f.columns:
+                        continue
+                    values = f[name].to_numpy(dtype="float64")
+                    if j == 0 and first_values is None and not secondary:
+                        first_values = values
+                    hover = f"{sig.label(name)} · {label_}" if len(runs) > 1 else sig.label(name)
+                    _add_signal(fig, run_steps, values, hover, color, smoothing, r,
+                                secondary=secondary if panel.secondary else None,
+                                dash="dot" if secondary else (dash if j else None), group=label_,
+                                show=(r == 1 and not secondary), legend_name=label_,
+                                width=1.5 if secondary else 2.0)
         if first_values is None:
             fig.add_annotation(text="not logged by this run", showarrow=False, row=r, col=1,
                                x=0.5, y=0.5, xref="x domain", yref="y domain", font=dict(color="#888"))
             first_values = np.full(len(steps), np.nan)
         marker_panels.append((r, steps, first_values))
     add_phase_bands(fig, bands, rows=len(panels))
+    add_phase_legend(fig, bands)
     add_alert_markers(fig, alerts, marker_panels)
+    if phase_ii_step is not None:
+        ll_row = next((i for i, p in enumerate(panels, start=1) if "ll_correct_mean" in p.signals), None)
+        if ll_row is not None:
+            add_step_marker(fig, phase_ii_step, f"phase II onset · step {int(phase_ii_step)}",
+                            PHASE_SOLID.get("decay", "#e67800"), ll_row, len(panels))
+    for r, panel in enumerate(panels, start=1):
+        if any(n.startswith("frac_") for n in panel.secondary):
+            fig.update_yaxes(tickformat=".0%", nticks=4, row=r, col=1, secondary_y=True)
     fig.update_xaxes(title_text="step", row=len(panels), col=1)
+    fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1, spikecolor="#999", spikedash="dot")
+    # the legend sits above the panels: room for its rows at the narrowest layout (2 entries a row)
+    n_entries = sum(1 for t in fig.data if t.showlegend is not False)
+    top = 55 + 21 * -(-n_entries // 2)
+    plot_h = height_per_panel * len(panels) + 20
     fig.update_layout(
-        height=height_per_panel * len(panels) + 80, hovermode="x unified",
-        margin=dict(l=60, r=30, t=60, b=40), legend=dict(orientation="h", y=1.04, x=0, yanchor="bottom"),
+        height=plot_h + top + 40, hovermode="x unified",
+        margin=dict(l=60, r=50, t=top, b=40),
+        legend=dict(orientation="h", y=1.0 + 26 / plot_h, x=0, yanchor="bottom", traceorder="normal", font=dict(size=12),
+                    itemsizing="constant", entrywidth=LEGEND_ENTRY_PX, tracegroupgap=0, bgcolor="rgba(0,0,0,0)"),
     )
     return fig
+
+
+def signal_title(name: str) -> str:
+    """A panel title: the signal's label and its unit from the signal registry (when it knows the signal)."""
+    label = sig.label(name)
+    try:
+        from lld_monitor.signals import BY_NAME
+    except ImportError:
+        return label
+    row = BY_NAME.get(name)
+    return f"{label} ({row.unit})" if row is not None and row.unit and row.unit not in label else label
 
 
 def compare_figure(
@@ -170,33 +287,56 @@ def compare_figure(
     names: list[str] | tuple[str, ...] = sig.COMPARE_DEFAULT,
     smoothing: float = 0.0,
     bands: pd.DataFrame | None = None,
-    height_per_panel: int = 180,
+    height_per_panel: int = 170,
+    modes: list[str | None] | None = None,
 ) -> go.Figure:
-    """Several runs overlaid on the same signals, one panel per signal, aligned on the step axis.
+    """Several runs overlaid on the same signals, one panel per signal, aligned on the step axis (shared x:
+    zooming one panel zooms all; hover shows every run at that step).
 
-    `runs` is a list of (label, signals DataFrame); `bands` (optional) shades the first run's phases.
+    `runs` is a list of (label, signals DataFrame); `modes` (one per run) colours each run by its mode, the
+    same colours as every other page; `bands` (optional) shades the first run's phases.
     """
     names = list(names)
     if not runs or not names:
         return empty_figure("Pick at least one run and one signal.")
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=[sig.label(n) for n in names])
+    styles = run_styles(list(modes) if modes is not None else [None] * len(runs))
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                        subplot_titles=[signal_title(n) for n in names])
+    fig.update_annotations(font_size=13)
     for i, (run_label, signals) in enumerate(runs):
         frame = sig.canonical_frame(signals, names) if signals is not None else pd.DataFrame()
         extra = [n for n in names if n not in frame.columns and signals is not None and n in signals.columns]
         for n in extra:
             frame[n] = pd.to_numeric(signals[n], errors="coerce").to_numpy()
-        color = PALETTE[i % len(PALETTE)]
+        color, dash = styles[i]
+        shown = False
         for r, n in enumerate(names, start=1):
             if n not in frame.columns:
                 continue
             _add_signal(fig, frame["step"].to_numpy(dtype="float64"), frame[n].to_numpy(dtype="float64"),
-                        run_label, color, smoothing, r, group=run_label, show=(r == 1))
+                        run_label, color, smoothing, r, dash=dash, group=run_label, show=not shown)
+            shown = True
     add_phase_bands(fig, bands, rows=len(names))
     fig.update_xaxes(title_text="step", row=len(names), col=1)
-    fig.update_layout(height=height_per_panel * len(names) + 80, hovermode="x unified",
-                      margin=dict(l=60, r=30, t=60, b=40), legend=dict(orientation="h", y=1.03, x=0, yanchor="bottom"))
+    fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1, spikecolor="#999", spikedash="dot")
+    fig.update_layout(height=height_per_panel * len(names) + 90, hovermode="x unified",
+                      margin=dict(l=60, r=30, t=70, b=40), legend=dict(orientation="h", y=1.0, x=0, yanchor="bottom"))
     return fig
+
+
+def compare_table(frames: dict[str, pd.DataFrame], names: list[str]) -> pd.DataFrame:
+    """The compared series in long form (run, step, signal, value): the CSV behind the compare chart."""
+    parts = []
+    for run_label, f in frames.items():
+        cols = [n for n in names if f is not None and n in f.columns]
+        if f is None or not len(f) or not cols:
+            continue
+        long = f[["step", *cols]].melt(id_vars="step", var_name="signal", value_name="value")
+        long.insert(0, "run", run_label)
+        parts.append(long)
+    if not parts:
+        return pd.DataFrame(columns=["run", "step", "signal", "value"])
+    return pd.concat(parts, ignore_index=True)
 
 
 def token_delta_figure(tokens: pd.DataFrame) -> go.Figure:

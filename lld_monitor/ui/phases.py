@@ -13,19 +13,84 @@ from lld_monitor.store import schema
 
 log = logging.getLogger(__name__)
 
-PHASE_COLORS: dict[str, str] = {
-    "healthy": "rgba(46, 160, 67, 0.10)",
-    "stagnation": "rgba(210, 170, 0, 0.16)",
-    "decay": "rgba(230, 120, 0, 0.18)",
-    "collapse": "rgba(214, 39, 40, 0.20)",
-}
+# ---- the dashboard's colours: one home (pages, figures and the sidebar import them from here)
+# Runs are coloured by mode, the same on every page (Okabe-Ito, colour-blind safe); a second run of the same
+# mode in one chart keeps the colour and gets another dash (figures.run_styles).
+MODE_COLORS: dict[str, str] = {"vanilla": "#0072B2", "llds": "#009E73", "llds_ma": "#CC79A7", "unknown": "#6b6b6b"}
+MODE_LABELS: dict[str, str] = {"vanilla": "vanilla", "llds": "LLDS", "llds_ma": "LLDS-MA", "unknown": "unknown mode"}
+# phases, in the detector's order of severity (lld_monitor.detect.PHASES); keys not listed fall back to grey
 PHASE_SOLID: dict[str, str] = {
     "healthy": "#2ea043",
-    "stagnation": "#d2aa00",
+    "stagnation": "#c9a100",
     "decay": "#e67800",
-    "collapse": "#d62728",
+    "acceleration": "#d62728",
+    "collapse": "#7a0019",
 }
-SEVERITY_COLORS: dict[str, str] = {"info": "#1f77b4", "warning": "#ff7f0e", "critical": "#d62728"}
+PHASE_COLORS: dict[str, str] = {  # the bands: the same hues, faint
+    "healthy": "rgba(46, 160, 67, 0.08)",
+    "stagnation": "rgba(201, 161, 0, 0.13)",
+    "decay": "rgba(230, 120, 0, 0.16)",
+    "acceleration": "rgba(214, 39, 40, 0.16)",
+    "collapse": "rgba(122, 0, 25, 0.20)",
+}
+PHASE_BADGE: dict[str, str] = {"healthy": "green", "stagnation": "yellow", "decay": "orange", "acceleration": "red",
+                               "collapse": "red"}
+SEVERITY_COLORS: dict[str, str] = {"info": "#8c8c8c", "warning": "#f28e00", "critical": "#c4001a"}
+SEVERITY_MEANING: dict[str, str] = {  # what an alert marker of each severity means (legends, captions)
+    "info": "isolated spike",
+    "warning": "phase II began",
+    "critical": "accelerating / collapsed",
+}
+
+
+def mode_color(mode: str | None) -> str:
+    return MODE_COLORS.get(str(mode), MODE_COLORS["unknown"])
+
+
+def mode_label(mode: str | None) -> str:
+    return MODE_LABELS.get(str(mode), str(mode))
+
+
+def detector_phases() -> tuple[str, ...]:
+    """The detector's phase keys in order of severity (read from the detector, never hard-coded here)."""
+    from lld_monitor import detect
+
+    return tuple(detect.PHASES)
+
+
+def phase_ii() -> str:
+    """The key of phase II (likelihood decay: the LLD spiral has begun): the detector's third phase."""
+    return detector_phases()[2]
+
+
+def phase_title(phase: str | None) -> str:
+    """What a person reads for a phase key: the detector's title when it has one (e.g. "phase II (likelihood
+    decay)"), else the key."""
+    if phase is None:
+        return "no phase"
+    try:
+        from lld_monitor.detect import phases as dp  # the detector's name table, where it exists
+    except ImportError:
+        return str(phase)
+    return str(getattr(dp, "PHASE_TITLES", {}).get(phase, phase))
+
+
+def phase_short(phase: str) -> str:
+    """A band label: "II · likelihood decay" for "phase II (likelihood decay)"; other titles as they are."""
+    title = phase_title(phase)
+    if title.startswith("phase ") and "(" in title and title.endswith(")"):
+        num, name = title[len("phase "):].split("(", 1)
+        return f"{num.strip()} · {name[:-1]}"
+    return title
+
+
+def filter_alerts(alerts: pd.DataFrame | None, severities: tuple[str, ...] | list[str] = ("warning", "critical")) -> pd.DataFrame:
+    """The alerts of the given severities (the pages hide `info` by default: isolated spikes)."""
+    if alerts is None or len(alerts) == 0:
+        return _alerts_frame(None)
+    return alerts[alerts["severity"].astype(str).isin(list(severities))].reset_index(drop=True)
+
+
 SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(schema.SEVERITIES)}
 ALERT_COLUMNS = [c for c in schema.ALERTS.names if c != "run_id"]
 

@@ -29,11 +29,41 @@ def runs_table(reader) -> pd.DataFrame:
 
 
 def run_label(row: dict | pd.Series, phase: str | None = None) -> str:
-    """One line for the run picker: name · mode · source · status · phase."""
-    bits = [str(row.get("name") or row.get("run_id")), str(row.get("mode")), str(row.get("source")), str(row.get("status"))]
+    """One short line for the run picker (the sidebar is narrow): name, then the mode when the name does not
+    say it, "imported" for a run that did not come from a local trainer, "live" / "crashed" (a finished run
+    says nothing), and the phase. The full row is in the caption under the picker."""
+    name = str(row.get("name") or row.get("run_id"))
+    mode = str(row.get("mode"))
+    mode_txt = {"llds_ma": "llds-ma"}.get(mode, mode)
+    bits = [name]
+    if mode_txt not in name.lower() and mode not in name.lower() and mode not in ("None", "unknown"):
+        bits.append(mode_txt)
+    if str(row.get("source")) not in ("local", "None"):
+        bits.append(str(row.get("source")))
+    status = {"running": "live", "crashed": "crashed"}.get(str(row.get("status")))
+    if status:
+        bits.append(status)
     if phase:
         bits.append(phase)
     return " · ".join(bits)
+
+
+def default_run(runs: pd.DataFrame, preferred: str | None = None) -> str | None:
+    """The run a page opens on when the URL names none: `preferred` (a run id or name) when the store has it,
+    else the newest live vanilla run (the one to watch), the newest live run, the newest vanilla run (the
+    spiral's story), the newest run. `runs` as from runs_table (newest first)."""
+    if runs is None or runs.empty:
+        return None
+    if preferred:
+        hit = runs[(runs["run_id"].astype(str) == preferred) | (runs["name"].astype(str) == preferred)]
+        if len(hit):
+            return str(hit.iloc[0]["run_id"])
+    live = runs["status"].astype(str) == "running"
+    vanilla = runs["mode"].astype(str) == "vanilla"
+    for m in (live & vanilla, live, vanilla):
+        if m.any():
+            return str(runs[m].iloc[0]["run_id"])
+    return str(runs.iloc[0]["run_id"])
 
 
 # ------------------------------------------------------------------ live health / overview
@@ -53,6 +83,11 @@ class RunOverview:
     n_steps: int
     seconds_since_last_step: float | None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def phase_ii_step(self) -> int | None:
+        """The step where the detector first saw phase II (likelihood decay), None when it never did."""
+        return self.detection.phase_starts.get(ph.phase_ii())
 
 
 def _as_utc(ts) -> datetime | None:
@@ -164,15 +199,16 @@ def step_token_deltas(reader, run_id: str, step: int) -> pd.DataFrame:
 class TokenView:
     steps: list[int]
     step: int | None
-    samples: pd.DataFrame
+    samples: pd.DataFrame  # the step's samples, those with stored tokens first (column has_tokens)
     tokens: pd.DataFrame
     step_tokens: pd.DataFrame
 
 
 def token_view(reader, run_id: str, step: int | None = None, sample_idx: int | None = None, rank: int = 0,
                which: str = "all", sort: str = "delta_asc", steps: list[int] | None = None) -> TokenView:
-    """What the token inspector shows: logged steps, the step's samples (filtered, sorted), one sample's
-    tokens and the step's token Δ per role. Defaults: the last logged step, the first sample of the sort.
+    """What the token inspector shows: logged steps, the step's samples (filtered, sorted; the ones whose
+    tokens were stored first, the others marked has_tokens=False), one sample's tokens and the step's token Δ
+    per role. Defaults: the last logged step, the first sample of the sort that has tokens.
     `steps`: the run's token steps when the caller has them (they change only when the run grows)."""
     from lld_monitor.ui.tokens import filter_samples
 
@@ -182,10 +218,19 @@ def token_view(reader, run_id: str, step: int | None = None, sample_idx: int | N
         return TokenView([], None, empty, empty, empty)
     if step is None or int(step) not in steps:
         step = steps[-1]
+    step_tokens = reader.tokens(run_id, int(step))  # one read: the distribution and the sample both come from it
+    keys = set()
+    if len(step_tokens):
+        keys = set(zip(step_tokens["rank"].astype(int), step_tokens["sample_idx"].astype(int)))
     samples = filter_samples(step_samples(reader, run_id, step), which, sort)
+    if len(samples):
+        has = [(int(r), int(i)) in keys for r, i in zip(samples["rank"], samples["sample_idx"])]
+        samples = samples.assign(has_tokens=has)
+        samples = samples.sort_values("has_tokens", ascending=False, kind="stable").reset_index(drop=True)
+    else:
+        samples = samples.assign(has_tokens=pd.Series([], dtype=bool))
     if sample_idx is None and len(samples):
         sample_idx, rank = int(samples.iloc[0]["sample_idx"]), int(samples.iloc[0]["rank"])
-    step_tokens = reader.tokens(run_id, int(step))  # one read: the distribution and the sample both come from it
     if sample_idx is not None and len(step_tokens):
         m = (step_tokens["sample_idx"] == int(sample_idx)) & (step_tokens["rank"] == int(rank))
         tokens = step_tokens[m].reset_index(drop=True)
@@ -194,6 +239,58 @@ def token_view(reader, run_id: str, step: int | None = None, sample_idx: int | N
     cols = ["role", "logp_old", "logp_new"]
     deltas = step_tokens[cols] if len(step_tokens) else pd.DataFrame(columns=cols)
     return TokenView(steps, int(step), samples, tokens, deltas)
+
+
+@dataclass
+class TokenPick:
+    step: int
+    sample_idx: int
+    rank: int
+    why: str  # one line for the page: why the inspector opened here
+
+
+def best_token_pick(reader, run_id: str, steps: list[int] | None = None,
+                    phase_ii_step: int | None = None) -> TokenPick | None:
+    """Where the token inspector opens: the sample that best shows displacement and has stored tokens.
+
+    The preserved (advantage >= 0) sample with the most negative Δ at the first token-logged step at or after
+    the run entered phase II; else (no phase II) the most negative preserved Δ over every token-logged step;
+    else any sample with tokens at the last token-logged step. None when the run has no token data."""
+    steps = token_steps(reader, run_id) if steps is None else list(steps)
+    if not steps:
+        return None
+    query = (
+        "SELECT s.step, s.sample_idx, s.rank, s.delta_sum FROM samples s"
+        " WHERE s.run_id = ? AND s.advantage >= 0 AND s.delta_sum IS NOT NULL AND s.step BETWEEN ? AND ?"
+        "  AND EXISTS (SELECT 1 FROM tokens t WHERE t.run_id = s.run_id AND t.step = s.step AND t.rank = s.rank"
+        "   AND t.sample_idx = s.sample_idx)"
+        " ORDER BY s.delta_sum, s.step, s.rank, s.sample_idx LIMIT 1"
+    )
+
+    def _pick(lo: int, hi: int):
+        df = reader.sql(query, [run_id, int(lo), int(hi)])
+        return None if df.empty else df.iloc[0]
+
+    if phase_ii_step is not None:
+        at = [s for s in steps if s >= int(phase_ii_step)]
+        if at:
+            row = _pick(at[0], at[0])
+            if row is not None:
+                return TokenPick(int(row["step"]), int(row["sample_idx"]), int(row["rank"]),
+                                 f"Opened at step {int(row['step'])}, the first token-logged step after the run "
+                                 f"entered phase II (step {int(phase_ii_step)}): the preserved sample whose "
+                                 f"likelihood fell most (Σ Δ {float(row['delta_sum']):+.3f}).")
+    row = _pick(min(steps), max(steps))
+    if row is not None:
+        return TokenPick(int(row["step"]), int(row["sample_idx"]), int(row["rank"]),
+                         f"Opened on the preserved sample whose likelihood fell most over the run's token-logged "
+                         f"steps (step {int(row['step'])}, Σ Δ {float(row['delta_sum']):+.3f}).")
+    t = reader.tokens(run_id, int(steps[-1]))
+    if t.empty:
+        return None
+    first = t.iloc[0]
+    return TokenPick(int(steps[-1]), int(first["sample_idx"]), int(first["rank"]),
+                     f"Opened at the last token-logged step ({int(steps[-1])}).")
 
 
 # ------------------------------------------------------------------ post-mortem

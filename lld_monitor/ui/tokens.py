@@ -45,7 +45,12 @@ def sample_label(row) -> str:
     verdict = "correct" if ok is True or ok == 1 else ("incorrect" if ok is False or ok == 0 else "?")
     rank = int(row.get("rank", 0) or 0)
     where = f"#{int(row['sample_idx'])}" + (f" (rank {rank})" if rank else "")
-    return f"{where} · {verdict} · reward {float(row.get('reward', float('nan'))):.2f} · {d_txt}"
+    adv = row.get("advantage")
+    kept = "" if adv is None or (isinstance(adv, float) and math.isnan(adv)) else (" · preserved" if adv >= 0 else "")
+    label = f"{where} · {verdict}{kept} · reward {float(row.get('reward', float('nan'))):.2f} · {d_txt}"
+    if row.get("has_tokens") is False or row.get("has_tokens") == 0:
+        label += " · no tokens stored"
+    return label
 
 
 def _prob_color(p: float) -> str:

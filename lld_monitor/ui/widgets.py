@@ -9,6 +9,7 @@ it holds no lock on the store and sees new segments on every query.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,15 @@ from lld_monitor.ui import queries as q
 log = logging.getLogger(__name__)
 
 REFRESH_S = 2.0
-PHASE_BADGE = {"healthy": "green", "stagnation": "yellow", "decay": "orange", "collapse": "red"}
+OPEN_RUN_ENV = "LLD_MONITOR_DASHBOARD_RUN"  # run id or name to open when the URL names none (`lld-monitor demo`)
+PHASE_BADGE = ph.PHASE_BADGE
+WHAT_TO_WATCH = (
+    "**What to watch.** In the LLD death spiral the **log-likelihood of correct responses** (2nd panel) stops "
+    "rising (phase I, stagnation), then falls while the reward still holds (phase II: the spiral has begun, and "
+    "Δ of preserved responses turns negative); entropy and grad norm surge (phase III), and only then does the "
+    "**reward** collapse. Shaded bands are the detector's phases, ▼ its alerts; drag to zoom (all panels follow), "
+    "double-click to reset."
+)
 STATUS_BADGE = {"running": "blue", "finished": "gray", "crashed": "red"}
 
 
@@ -133,6 +142,12 @@ def cached_token_view(path: str, run_id: str, step, sample_idx, rank, which: str
     return with_reader(path, q.token_view, run_id, step, sample_idx, rank, which, sort, steps=steps)
 
 
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_token_pick(path: str, run_id: str, phase_ii_step: int | None, version: tuple) -> q.TokenPick | None:
+    steps = cached_token_steps(path, run_id, version)
+    return with_reader(path, q.best_token_pick, run_id, steps, phase_ii_step)
+
+
 @st.cache_data(max_entries=32, show_spinner=False)
 def cached_post_mortem(path: str, run_id: str, k: int, version: tuple, _run: dict | None = None) -> q.PostMortem:
     return with_reader(path, q.post_mortem, run_id, k, tracker=tracker(path, run_id), run=_run)
@@ -214,13 +229,21 @@ def sidebar() -> Context:
         match = ctx.runs[(ctx.runs["run_id"] == qp_run) | (ctx.runs["name"] == qp_run)]
         if not match.empty:
             st.session_state["run_id"] = str(match.iloc[0]["run_id"])
-    if st.session_state.get("run_id") not in ids:
-        st.session_state["run_id"] = ids[0]
+            st.session_state["_run_auto"] = False
+    preferred = os.environ.get(OPEN_RUN_ENV) or None
+    auto = st.session_state.get("_run_auto", True)  # nobody picked a run yet (no ?run=, no click)
+    waiting = bool(preferred) and preferred_waiting(ctx.runs, preferred)
+    arrived = auto and not waiting and st.session_state.pop("_run_waited", False)  # the awaited run just appeared
+    if st.session_state.get("run_id") not in ids or arrived:
+        st.session_state["run_id"] = q.default_run(ctx.runs, preferred)
     chosen = st.session_state["run_id"]
     phases = {rid: _phase_for(store, ctx.runs, rid, rid == chosen) for rid in ids}
     labels = {rid: q.run_label(ctx.runs[ctx.runs["run_id"] == rid].iloc[0], phases[rid]) for rid in ids}
     ctx.run_id = sb.selectbox("Run", ids, key="run_id", format_func=lambda rid: labels.get(rid, rid),
-                              help="name · mode · source · status · phase")
+                              on_change=_picked, help="name · mode (when the name does not say it) · live / crashed · phase")
+    if auto and waiting:
+        st.session_state["_run_waited"] = True
+        _wait_for_run(store, preferred)
     if st.query_params.get("run") != ctx.run_id:
         st.query_params["run"] = ctx.run_id
         st.session_state["_qp_run_seen"] = ctx.run_id
@@ -229,11 +252,38 @@ def sidebar() -> Context:
         cols = sb.columns(2)
         cols[0].badge(str(run.get("status")), color=STATUS_BADGE.get(str(run.get("status")), "gray"))
         phase = phases.get(ctx.run_id)
-        cols[1].badge(phase or "no phase", color=PHASE_BADGE.get(phase or "", "gray"))
+        cols[1].badge(ph.phase_short(phase) if phase else "no phase", color=PHASE_BADGE.get(phase or "", "gray"))
         steps = "" if run.get("status") == "running" else f"{run.get('steps', 0)} steps · "  # live count: on the page
-        sb.caption(f"mode **{run.get('mode')}** · source **{run.get('source')}** · {steps}{len(ids)} run(s) in store")
+        sb.caption(f"**{run.get('name')}** · mode **{ph.mode_label(run.get('mode'))}** · source **{run.get('source')}** · "
+                   f"{steps}{len(ids)} run(s) in store")
     st.session_state["lld_ctx"] = ctx
     return ctx
+
+
+def _picked() -> None:
+    st.session_state["_run_auto"] = False
+
+
+def preferred_waiting(runs: pd.DataFrame, preferred: str) -> bool:
+    """True while the run to open (`OPEN_RUN_ENV`, e.g. the demo's live vanilla run) is not in the store yet."""
+    return not ((runs["run_id"].astype(str) == preferred) | (runs["name"].astype(str) == preferred)).any()
+
+
+def _wait_for_run(store: str, preferred: str) -> None:
+    """Sidebar note + a 2 s poll that switches the page to the awaited run once it logged its first step."""
+    st.sidebar.caption(f"Waiting for **{preferred}** (warm start); the page switches to it when it starts logging.")
+
+    @st.fragment(run_every=REFRESH_S)
+    def _poll() -> None:
+        try:
+            runs = cached_runs(store)
+        except StoreProblem:
+            return
+        if not preferred_waiting(runs, preferred):
+            st.rerun()
+
+    with st.sidebar:
+        _poll()
 
 
 def current() -> Context:
@@ -271,9 +321,17 @@ def status_line(ov: q.RunOverview) -> None:
 
 
 def plotly(fig, key: str | None = None) -> None:
-    """Every chart: full width, Plotly's modebar with its PNG download ("Download plot as a png")."""
+    """Every chart: full width, Plotly's modebar always shown, with its PNG download (camera icon, 2x scale)."""
     st.plotly_chart(fig, width="stretch", key=key,
-                    config={"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}})
+                    config={"displaylogo": False, "displayModeBar": True,
+                            "toImageButtonOptions": {"format": "png", "scale": 2}})
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe version of a run name (downloads)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(name))[:80] or "run"
 
 
 TOKEN_PAGE = Path(__file__).resolve().parents[2] / "pages" / "token_inspector.py"
