@@ -27,6 +27,9 @@ HELP = "copy the sample runs into a fresh store, train a vanilla and an LLDS run
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
 # the backend's config that drives the tiny model into the spiral within a couple of hundred steps
 SPIRAL_CONFIG = Path(__file__).resolve().parents[2] / "scripts" / "spiral_config.json"
+# the live runs' seed: one whose vanilla run collapses early and whose LLDS twin holds (docs/backend.md;
+# tests/test_demo_spiral.py trains both and checks it)
+DEMO_SEED = 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GRPO steps of each live run (default: the config's, 200 in scripts/spiral_config.json)")
     p.add_argument("--config", default=None,
                    help="trainer config file (default: scripts/spiral_config.json, tuned so the vanilla run spirals)")
-    p.add_argument("--seed", type=int, default=2,
-                   help="seed of both live runs (default 2: vanilla collapses by step 123, LLDS does not; docs/backend.md)")
+    p.add_argument("--seed", type=int, default=DEMO_SEED,
+                   help=f"seed of both live runs (default {DEMO_SEED}: its vanilla run collapses, its LLDS run holds; docs/backend.md)")
     p.add_argument("--modes", default="vanilla,llds", help="live runs to start, comma-separated (default vanilla,llds)")
     p.add_argument("--no-train", action="store_true", help="only the sample runs, no live training")
     p.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")

@@ -1,0 +1,50 @@
+"""The demo's story, end to end: its two live trainers (default seed, config and steps, started as
+`lld-monitor demo` starts them, side by side) give a vanilla run that collapses and an LLDS run that holds.
+
+Slow (two full runs of the spiral setting, several CPU-minutes each); marked `spiral`. Run alone with
+`.venv/bin/python -m pytest -m spiral`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _holds(sig, collapse: int | None) -> bool:
+    """The testbed's written criterion (scripts/analyze_spiral.py): no collapse, last 20 >= 0.85 x smoothed peak."""
+    rew = sig.set_index("step").sort_index()["reward_mean"]
+    peak = float(rew.rolling(10, min_periods=10).mean().max())
+    return collapse is None and float(rew.iloc[-20:].mean()) >= 0.85 * peak
+
+
+@pytest.mark.slow
+@pytest.mark.spiral
+@pytest.mark.timeout(2400)
+def test_demo_vanilla_collapses_and_llds_holds(tmp_path):
+    from lld_monitor.commands.demo import DEMO_SEED, SPIRAL_CONFIG, trainer_command
+    from lld_monitor.detect import reward_collapse_step
+    from lld_monitor.store import open_store_reader
+
+    steps = json.loads(SPIRAL_CONFIG.read_text())["steps"]
+    store = tmp_path / "demo"
+    procs = {m: subprocess.Popen(trainer_command(m, store, None, DEMO_SEED, str(SPIRAL_CONFIG)), cwd=ROOT,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for m in ("vanilla", "llds")}
+    for m, p in procs.items():
+        _, err = p.communicate(timeout=3600)
+        assert p.returncode == 0, f"{m}: {err[-3000:]}"
+    r = open_store_reader(store)
+    runs = r.runs().set_index("mode")
+    assert set(runs.index) == {"vanilla", "llds"} and (runs.steps == steps).all(), runs
+    sig = {m: r.signals(runs.run_id[m]) for m in ("vanilla", "llds")}
+    van_collapse = reward_collapse_step(sig["vanilla"])
+    llds_collapse = reward_collapse_step(sig["llds"])
+    assert van_collapse is not None, "the demo's vanilla run did not collapse"
+    assert _holds(sig["llds"], llds_collapse), f"the demo's LLDS run did not hold (collapse step {llds_collapse})"
+    r.close()
