@@ -265,12 +265,13 @@ def onset_table(signals_df: pd.DataFrame, reference_step: int | None,
     df = _prepare(signals_df)
     cols = resolve_columns(c for c in df.columns if pd.to_numeric(df[c], errors="coerce").notna().any())
     rows, spike_rows = [], []
+    records = df.to_dict("records")
     for sig in SIGNALS:
         label = cols.get(sig)
         if label is None:
             continue
         cand = next(cd for cd in SIGNAL_CANDIDATES[sig] if cd.label == label)
-        vals = np.array([cand.get(r) for r in df.to_dict("records")], dtype=float)
+        vals = np.array([cand.get(r) for r in records], dtype=float)
         o = find_onset(df["step"].to_numpy(dtype=float), vals, reference_step, cfg)
         lead = None if (o.step is None or reference_step is None) else int(reference_step - o.step)
         rows.append({"signal": sig, "column": label, "onset_step": o.step, "direction": o.direction,
