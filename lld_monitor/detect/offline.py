@@ -9,13 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from lld_monitor.store.schema import ALERT_COLUMNS
+
 from .config import DetectorConfig
 from .online import Alert, DetectionResult, OnlineDetector
 from .signals import KNOWN_COLUMNS, SIGNAL_CANDIDATES
 
 log = logging.getLogger(__name__)
 
-ALERT_COLUMNS = ("step", "phase", "severity", "signal", "value", "threshold", "message")
 
 
 def _prepare(signals_df: pd.DataFrame) -> pd.DataFrame:

@@ -17,27 +17,18 @@ What is logged (all under the ``lld/`` prefix, so nothing collides with the trai
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lld_monitor.store.schema import ALERTS, PHASES
+from lld_monitor.signals import EXPORT_PREFIX
+from lld_monitor.store.schema import ALERT_COLUMNS, PHASES, alert_record
 
 log = logging.getLogger(__name__)
 
-PREFIX = "lld/"
-ALERT_COLUMNS = [c for c in ALERTS.names if c != "run_id"]
-
-
-def _alert_dict(a: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        return dataclasses.asdict(a)
-    if isinstance(a, Mapping):
-        return dict(a)
-    return {c: getattr(a, c, None) for c in ALERT_COLUMNS}
+PREFIX = EXPORT_PREFIX
 
 
 class WandbExporter:
@@ -70,7 +61,7 @@ class WandbExporter:
                 data[f"{self.prefix}{k}"] = float(v)
             except (TypeError, ValueError):
                 continue
-        new_alerts = [_alert_dict(a) for a in (alerts or [])]
+        new_alerts = [alert_record(a) for a in (alerts or [])]
         if new_alerts:
             self._alerts.extend(new_alerts)
             phase = new_alerts[-1].get("phase")
@@ -90,7 +81,7 @@ class WandbExporter:
         alerts = list(alerts)
         if not alerts:
             return
-        last = step if step is not None else int(_alert_dict(alerts[-1]).get("step") or 0)
+        last = step if step is not None else int(alert_record(alerts[-1]).get("step") or 0)
         self.log_step(last, {}, alerts)
 
     def _table(self) -> Any:
@@ -99,7 +90,7 @@ class WandbExporter:
         except ImportError:  # pragma: no cover
             return None
         rows = [[a.get(c) for c in ALERT_COLUMNS] for a in self._alerts]
-        return wandb.Table(columns=ALERT_COLUMNS, data=rows)
+        return wandb.Table(columns=list(ALERT_COLUMNS), data=rows)
 
     def _maybe_notify(self, alerts: list[dict[str, Any]]) -> None:
         if not self.notify or not hasattr(self.run, "alert"):

@@ -92,7 +92,7 @@ def filter_alerts(alerts: pd.DataFrame | None, severities: tuple[str, ...] | lis
 
 
 SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(schema.SEVERITIES)}
-ALERT_COLUMNS = [c for c in schema.ALERTS.names if c != "run_id"]
+ALERT_COLUMNS = list(schema.ALERT_COLUMNS)
 
 
 def _alerts_frame(alerts) -> pd.DataFrame:
@@ -101,7 +101,7 @@ def _alerts_frame(alerts) -> pd.DataFrame:
     if isinstance(alerts, pd.DataFrame):
         df = alerts.copy()
     else:
-        rows = [a if isinstance(a, dict) else {c: getattr(a, c, None) for c in ALERT_COLUMNS} for a in alerts]
+        rows = [schema.alert_record(a) for a in alerts]
         df = pd.DataFrame(rows, columns=ALERT_COLUMNS)
     for c in ALERT_COLUMNS:
         if c not in df.columns:
