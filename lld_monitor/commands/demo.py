@@ -158,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
             if pending:
                 log.info("the other run(s) start once the first has logged a step (its warm start is then cached "
                          "and shared instead of being trained twice at once)")
-        server = serve.start_server(store, args.host, args.port)
+        # the first screen: the live vanilla run (the one that spirals); its LLDS twin is one toggle away
+        first = f"demo-vanilla-seed{args.seed}" if "vanilla" in modes and not args.no_train else None
+        server = serve.start_server(store, args.host, args.port, open_run=first)
         if not serve.wait_ready(args.host, args.port, proc=server):
             log.error("the dashboard did not start (is port %d free? try --port)", args.port)
             return 1

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 HELP = "serve the dashboard (live health, compare runs, token inspector, post-mortem) on a store"
 APP = Path(__file__).resolve().parents[2] / "app.py"
 STORE_ENV = DASHBOARD_STORE_ENV  # read by lld_monitor.store.dashboard_store_path in the app
+OPEN_RUN_ENV = "LLD_MONITOR_DASHBOARD_RUN"  # the run the pages open on when the URL names none (ui.widgets)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,8 +65,9 @@ def _die_with_parent() -> None:
 
 
 def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501,
-                 quiet: bool = False) -> subprocess.Popen:
-    """Start the dashboard server as a child process (its own process group) showing `store`."""
+                 quiet: bool = False, open_run: str | None = None) -> subprocess.Popen:
+    """Start the dashboard server as a child process (its own process group) showing `store`; `open_run` (a run
+    name or id) is the run its pages open on when the URL names none (the demo: its live vanilla run)."""
     if not APP.exists():
         raise FileNotFoundError(f"the dashboard entry {APP} is missing; reinstall lld-monitor from its checkout")
     if not is_loopback(host):
@@ -73,6 +75,8 @@ def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 
                     "Use --host 127.0.0.1 (the default) and an SSH tunnel unless this is what you want.", host, port)
     env = dict(os.environ)
     env[STORE_ENV] = str(Path(store).expanduser().resolve())
+    if open_run:
+        env[OPEN_RUN_ENV] = open_run
     out = subprocess.DEVNULL if quiet else None
     return subprocess.Popen(streamlit_command(host, port), env=env, cwd=str(APP.parent), stdout=out, stderr=out,
                             start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
