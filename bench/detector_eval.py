@@ -11,6 +11,7 @@ LABELS (written before any tuning; from the run's own reward, the detector never
   degraded   no collapse, but the mean of the last 20 reward points < 0.8 x the peak, where the peak is
              the running maximum of the same 10-point trailing mean the collapse definition uses
   healthy    otherwise
+  running    the store says the run is still running: listed, never counted (its outcome is not known)
 SPLIT (written before any tuning): the seed is the integer after "seed" in the run name
   (`vanilla-seed3`, `llds-seed4`, `probe-lr2e-3-seed7`); ODD seeds are the TUNING half, EVEN seeds the
   REPORTED half. A run without a seed in its name is "unsplit": listed, never counted in either half.
@@ -59,7 +60,7 @@ from lld_monitor.detect import (
 )
 from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral, to_verl
 
-LABELS = ("collapse", "degraded", "healthy")
+LABELS = ("collapse", "degraded", "healthy", "running")
 DEGRADED_LAST_POINTS = 20
 DEGRADED_FRAC = 0.8
 HALVES = ("tune", "report", "unsplit")
@@ -249,7 +250,7 @@ def summarize(rows: list[Row]) -> dict[str, dict[str, dict]]:
 
 
 # ------------------------------------------------------------------------------------------ sources
-Source = Iterator[tuple[str, str, str, pd.DataFrame, pd.DataFrame | None]]
+Source = Iterator[tuple[str, str, str, pd.DataFrame, pd.DataFrame | None, bool]]  # ..., running?
 
 
 def store_label(path: str) -> str:
@@ -259,7 +260,7 @@ def store_label(path: str) -> str:
 
 
 def load_store(path: str, only: list[str] | None, seen: set[tuple[str, str]]) -> Source:
-    """(name, store, mode, signals, samples-or-None) per run. The same run copied into two stores (same run id
+    """(name, store, mode, signals, samples-or-None, running) per run. The same run copied into two stores (same run id
     and start time) is evaluated once; runs of different stores that share an id are different runs."""
     from lld_monitor.store import open_store_reader
 
@@ -277,7 +278,8 @@ def load_store(path: str, only: list[str] | None, seen: set[tuple[str, str]]) ->
                 continue
             has_verl = any(c.startswith("actor/") for c in sig.columns)
             samples = None if has_verl else r.samples(rec["run_id"])
-            yield str(rec["name"]), store_label(path), str(rec.get("mode")), sig, samples
+            yield (str(rec["name"]), store_label(path), str(rec.get("mode")), sig, samples,
+                   str(rec.get("status")) == "running")
     finally:
         r.close()
 
@@ -286,16 +288,19 @@ def load_synthetic(n: int) -> Source:
     """n paper-shaped spirals and n healthy runs, seeds 1..n (odd seeds tune, even report)."""
     for seed in range(1, n + 1):
         noise = 1.0 + 0.5 * (seed % 2)
-        yield f"synthetic-spiral-seed{seed}", "synthetic", "vanilla", spiral(SpiralSpec(seed=seed, noise=noise)), None
-        yield f"synthetic-healthy-seed{seed}", "synthetic", "llds", healthy(seed=seed, noise=noise), None
+        yield (f"synthetic-spiral-seed{seed}", "synthetic", "vanilla", spiral(SpiralSpec(seed=seed, noise=noise)),
+               None, False)
+        yield f"synthetic-healthy-seed{seed}", "synthetic", "llds", healthy(seed=seed, noise=noise), None, False
 
 
 def evaluate_sources(sources: list[Source], cfg: DetectorConfig) -> tuple[list[Row], list[pd.DataFrame]]:
     rows: list[Row] = []
     frames: list[pd.DataFrame] = []
     for src in sources:
-        for name, store, mode, sig, samples in src:
+        for name, store, mode, sig, samples, running in src:
             lab = label_run(sig, cfg)
+            if running:
+                lab = Label("running", lab.collapse_step, lab.decline_step, lab.peak, lab.last_mean)
             frames.append(sig)
             verl = to_verl(sig) if store == "synthetic" else scalars_verl(sig, samples)
             for variant, df in (("full", sig), ("scalars-verl", verl), ("scalars-trl", scalars_trl(sig))):
