@@ -14,7 +14,10 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
     "--no-first-run", "--disable-component-update", "--disable-sync",
 ]
-PAGES = {"live": "", "compare": "compare", "tokens": "tokens", "postmortem": "postmortem"}
+PAGES = {"live": "live", "compare": "compare", "tokens": "tokens", "postmortem": "postmortem"}
+SIZES = ((1280, 800), (1920, 1080))  # the screens every page is checked at
+COLOURED_TOKENS = '.lld-tokens span[style*="background:hsl"]'  # scored tokens, coloured by probability or Δ
+BAND_LABELS = '[data-testid="stPlotlyChart"] .annotation-text'  # phase band labels (and panel titles)
 APP_IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 CHART = '[data-testid="stPlotlyChart"] .main-svg'
 EXCEPTION = '[data-testid="stException"]'
@@ -84,6 +87,44 @@ def check_pages(base_url: str, shot_dir: str | Path | None = None, pages: dict[s
         finally:
             browser.close()
     return results
+
+
+def screenshot_pages(base_url: str, shot_dir: str | Path, query: str = "", sizes=SIZES, prefix: str = "",
+                     full_height: int | None = None, timeout_ms: int = 60_000) -> dict[str, dict]:
+    """Every page at every screen size: a PNG each (`{prefix}{page}-{w}x{h}.png`) and what is on screen:
+    charts, exceptions, coloured tokens, band shapes, annotation texts, the URL after load and whether
+    Streamlit showed its "Page not found" dialog. `full_height`: also one tall shot per page (whole page)."""
+    from playwright.sync_api import sync_playwright
+
+    out: dict[str, dict] = {}
+    shot_dir = Path(shot_dir)
+    shot_dir.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            views = [(w, h, f"{w}x{h}") for w, h in sizes]
+            if full_height:
+                views.append((sizes[0][0], full_height, "full"))
+            for w, h, tag in views:
+                page = browser.new_page(viewport={"width": w, "height": h})
+                for name, path in PAGES.items():
+                    url = f"{base_url.rstrip('/')}/{path}{query}"
+                    charts, exc = load_page(page, url, timeout_ms)
+                    page.wait_for_timeout(700)  # Plotly's transitions and late fragments settle
+                    shot = shot_dir / f"{prefix}{name}-{tag}.png"
+                    page.screenshot(path=str(shot))
+                    out[f"{name}-{tag}"] = {
+                        "url": page.url, "screenshot": str(shot), "charts": charts, "exceptions": exc,
+                        "coloured_tokens": page.locator(COLOURED_TOKENS).count(),
+                        "band_shapes": page.locator('[data-testid="stPlotlyChart"] .shapelayer path').count(),
+                        "annotations": page.locator(BAND_LABELS).all_text_contents(),  # SVG text: no innerText
+                        "not_found": page.get_by_text("Page not found").count(),
+                        "texts": page.locator(EXCEPTION).all_inner_texts() if exc else [],
+                    }
+                page.close()
+        finally:
+            browser.close()
+    return out
 
 
 def time_to_first_chart(base_url: str, server_started: float, timeout_s: float = 120.0) -> float:

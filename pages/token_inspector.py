@@ -94,5 +94,5 @@ if widgets.require_run(ctx):
             st.html(tokens.token_html(one.tokens, color_by))
             st.caption("Hover a token for log-prob before / after / ref, Δ and entropy.")
             widgets.plotly(figures.token_delta_figure(one.tokens), key="tok_delta_fig")
-    st.subheader(f"Token Δ by role at step {view.step}")
+    st.subheader(f"Token Δ by role at step {view.step} (nats per token)")
     widgets.plotly(figures.role_delta_distribution(view.step_tokens), key="tok_role_fig")

@@ -131,6 +131,59 @@ def _pair_run_id(store: Path, name: str) -> str:
     return _run_ids(store)[name]
 
 
+def _serve(store: Path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "serve", "--store", str(store), "--port", str(port)],
+                            cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    from lld_monitor.commands.serve import wait_ready
+
+    assert wait_ready("127.0.0.1", port, timeout=90, proc=proc), "lld-monitor serve did not come up"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _check_story(shots: dict, where: str) -> None:
+    """What a newcomer must see on every page and screen size."""
+    from lld_monitor.ui.phases import phase_short
+
+    for key, r in shots.items():
+        assert r["exceptions"] == 0 and r["not_found"] == 0, (where, key, r["texts"], r["url"])
+        assert "run=" in r["url"], (where, key, r["url"])  # every page's URL keeps the run
+        assert Path(r["screenshot"]).stat().st_size > 20_000, r["screenshot"]
+        page = key.split("-")[0]
+        if page == "tokens":  # the token inspector opens on a sample with coloured tokens, never an empty box
+            assert r["coloured_tokens"] >= 10, (where, key, r["coloured_tokens"])
+        if page == "live":  # the phase bands are drawn and labelled
+            assert r["band_shapes"] >= 6, (where, key, r["band_shapes"])
+            labels = {phase_short(p) for p in ("healthy", "stagnation", "decay", "collapse", "acceleration")}
+            texts = {str(t).strip() for t in r["annotations"] if t}
+            assert labels & texts, (where, key, sorted(texts))
+
+
+@pytest.mark.timeout(600)
+def test_screenshots_of_every_page_on_sample_runs_and_on_a_live_store(served, tmp_path):
+    """Every page at 1280x800 and 1920x1080 (PNG under tmp_path), on the bundled sample runs (opened on the
+    collapsing vanilla run) and on the live store that a writer is filling."""
+    sample = ROOT / "sample_runs"
+    if not (sample / "store.json").exists():
+        pytest.skip("no sample_runs/ in this checkout")
+    import shutil
+
+    store = tmp_path / "sample_store"
+    shutil.copytree(sample, store)  # sample_runs/ may be regenerated while the test runs
+    proc, url = _serve(store)
+    try:
+        shots = bc.screenshot_pages(url, tmp_path / "sample_runs", full_height=2000)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(20)
+    _check_story(shots, "sample_runs")
+    live = bc.screenshot_pages(served["url"], tmp_path / "live", query="?run=" + _live_run_id(served["store"]),
+                               prefix="live-store-")
+    _check_story({k: v for k, v in live.items() if not k.startswith("tokens")}, "live store")
+    # the live run's token data may start only a few steps in: the inspector shows tokens once it has any
+    assert all(v["exceptions"] == 0 for v in live.values())
+
+
 def test_ctrl_c_stops_serve_and_its_server(served):
     # runs last in this module: SIGINT to `lld-monitor serve` (as Ctrl-C) stops Streamlit and frees the port
     serve = served["serve"]

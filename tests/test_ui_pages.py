@@ -122,7 +122,7 @@ def test_token_inspector_controls_and_query_params(store):
     assert at.selectbox(key="tok_pick").value == (best.sample_idx, best.rank)
     assert "No tokens were stored" not in _text(at)
     assert any("lld-tokens" in h.proto.body for h in at.get("html"))
-    for color in ("prob_new", "delta"):
+    for color in ("prob_old", "prob_new"):  # Δ is the default
         at.radio(key="tok_color").set_value(color).run()
         _assert_clean(at)
     at.radio(key="tok_filter").set_value("correct").run()

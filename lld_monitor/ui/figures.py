@@ -254,7 +254,16 @@ def live_health_figure(
             add_step_marker(fig, phase_ii_step, f"phase II onset · step {int(phase_ii_step)}",
                             PHASE_SOLID.get("decay", "#e67800"), ll_row, len(panels))
     for r, panel in enumerate(panels, start=1):
-        if any(n.startswith("frac_") for n in panel.secondary):
+        if not panel.secondary:
+            continue
+        vals = [f[n].to_numpy(dtype="float64") for _, f, _ in runs for n in (*panel.signals, *panel.secondary)
+                if n in f.columns]
+        finite = np.concatenate([v[np.isfinite(v)] for v in vals]) if vals else np.array([])
+        if len(finite) and finite.min() >= 0 and finite.max() <= 1:
+            # both sides on the same 0..1 scale (reward and accuracy): one axis, not two that disagree
+            primary = fig.get_subplot(r, 1).yaxis.plotly_name.replace("axis", "")
+            fig.update_yaxes(matches=primary, showticklabels=False, row=r, col=1, secondary_y=True)
+        elif any(n.startswith("frac_") for n in panel.secondary):
             fig.update_yaxes(tickformat=".0%", nticks=4, row=r, col=1, secondary_y=True)
     fig.update_xaxes(title_text="step", row=len(panels), col=1)
     fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1, spikecolor="#999", spikedash="dot")
@@ -319,8 +328,9 @@ def compare_figure(
     add_phase_bands(fig, bands, rows=len(names))
     fig.update_xaxes(title_text="step", row=len(names), col=1)
     fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1, spikecolor="#999", spikedash="dot")
-    fig.update_layout(height=height_per_panel * len(names) + 90, hovermode="x unified",
-                      margin=dict(l=60, r=30, t=70, b=40), legend=dict(orientation="h", y=1.0, x=0, yanchor="bottom"))
+    plot_h = height_per_panel * len(names)
+    fig.update_layout(height=plot_h + 130, hovermode="x unified", margin=dict(l=60, r=30, t=90, b=40),
+                      legend=dict(orientation="h", y=1.0 + 28 / plot_h, x=0, yanchor="bottom"))  # above the titles
     return fig
 
 
@@ -358,9 +368,11 @@ def token_delta_figure(tokens: pd.DataFrame) -> go.Figure:
                                                                  sub["action_idx"].astype(str)], axis=1),
             hovertemplate="pos %{x} · %{customdata[0]}<br>action %{customdata[1]}<br>Δ %{y:.4f}<extra>" + role + "</extra>",
         ))
-    fig.update_layout(height=240, bargap=0.05, margin=dict(l=50, r=20, t=30, b=40),
-                      xaxis_title="token position", yaxis_title="Δ = logp after − before",
-                      legend=dict(orientation="h", y=1.1))
+    fig.update_layout(height=260, bargap=0.05, margin=dict(l=60, r=20, t=60, b=40),
+                      title=dict(text="Δ per token along this response (nats; below 0 = its likelihood fell)",
+                                 font=dict(size=13)),
+                      xaxis_title="token position", yaxis_title="Δ (nats)",
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0))
     return fig
 
 
@@ -379,8 +391,9 @@ def role_delta_distribution(step_tokens: pd.DataFrame) -> go.Figure:
     if not fig.data:
         return empty_figure("No scored tokens at this step.", height=260)
     fig.add_hline(y=0, line_dash="dot", line_color="#888")
-    fig.update_layout(height=300, margin=dict(l=50, r=20, t=40, b=40), yaxis_title="token Δ",
-                      title=dict(text=f"Token Δ by role at this step ({n_tool} tool tokens unscored)", font=dict(size=13)),
+    fig.update_layout(height=300, margin=dict(l=60, r=20, t=40, b=40), yaxis_title="token Δ (nats)",
+                      title=dict(text=f"Every scored token of the step's logged samples ({n_tool} tool tokens unscored)",
+                                 font=dict(size=13)),
                       showlegend=False)
     return fig
 
@@ -399,7 +412,7 @@ def phase_timeline_figure(bands: pd.DataFrame, alerts: pd.DataFrame | None = Non
             y=["phase"], orientation="h",
             marker_color=PHASE_SOLID.get(str(b["phase"]), "#888"), name=str(b["phase"]),
             hovertemplate=f"{b['phase']}: steps {int(b['start'])}–{int(b['end']) - (0 if last else 1)}<extra></extra>",
-            text=str(b["phase"]), textposition="inside", insidetextanchor="middle",
+            text=phase_short(str(b["phase"])), textposition="inside", insidetextanchor="middle",
         ))
     n_rows = 1
     if alerts is not None and len(alerts):
@@ -417,8 +430,8 @@ def phase_timeline_figure(bands: pd.DataFrame, alerts: pd.DataFrame | None = Non
     if collapse_step is not None:
         fig.add_vline(x=collapse_step, line_color="#d62728", line_dash="dash",
                       annotation_text=f"collapse @ {collapse_step}", annotation_position="top")
-    fig.update_layout(barmode="overlay", height=140 + 28 * n_rows, showlegend=False, xaxis_title="step",
-                      margin=dict(l=140, r=20, t=40, b=40))
+    fig.update_layout(barmode="overlay", height=160 + 28 * n_rows, showlegend=False, xaxis_title="step",
+                      margin=dict(l=140, r=20, t=60, b=40))
     return fig
 
 

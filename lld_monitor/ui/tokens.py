@@ -9,14 +9,14 @@ import numpy as np
 import pandas as pd
 
 COLOR_BY = {
+    "delta": "Δ = logp after − before (red = fell)",
     "prob_old": "probability before the update (π_old)",
     "prob_new": "probability after the update",
-    "delta": "Δ = logp after − before",
 }
 SAMPLE_FILTERS = ("all", "correct", "incorrect")
 SAMPLE_SORTS = {
-    "delta_asc": "largest likelihood drop first (most negative Δ)",
-    "delta_desc": "largest likelihood gain first",
+    "delta_asc": "largest drop first (Δ < 0)",
+    "delta_desc": "largest gain first",
     "index": "sample index",
 }
 

@@ -249,10 +249,11 @@ def sidebar() -> Context:
         st.session_state["_qp_run_seen"] = ctx.run_id
     run = ctx.run or {}
     with sb.container():
-        cols = sb.columns(2)
-        cols[0].badge(str(run.get("status")), color=STATUS_BADGE.get(str(run.get("status")), "gray"))
         phase = phases.get(ctx.run_id)
-        cols[1].badge(ph.phase_short(phase) if phase else "no phase", color=PHASE_BADGE.get(phase or "", "gray"))
+        status_txt, phase_txt = str(run.get("status")), (ph.phase_title(phase) if phase else "no phase")
+        # one line of badges that wraps (two fixed columns cut a long phase title)
+        sb.markdown(f":{STATUS_BADGE.get(status_txt, 'gray')}-badge[{status_txt}] "
+                    f":{PHASE_BADGE.get(phase or '', 'gray')}-badge[{phase_txt}]")
         steps = "" if run.get("status") == "running" else f"{run.get('steps', 0)} steps · "  # live count: on the page
         sb.caption(f"**{run.get('name')}** · mode **{ph.mode_label(run.get('mode'))}** · source **{run.get('source')}** · "
                    f"{steps}{len(ids)} run(s) in store")
