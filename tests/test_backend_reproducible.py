@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 15
@@ -41,7 +42,7 @@ def test_same_seed_and_config_give_the_same_run_from_every_launcher(tmp_path):
     launches = {
         "demo": trainer_command("vanilla", tmp_path / "demo", STEPS, SEED, config) + ["--threads", "2"],
         "experiment": _experiment_command("vanilla", tmp_path / "experiment", config),
-        "torchrun": [str(torchrun), "--nproc_per_node", "1", "--master_port", "29531", "-m", "lld_monitor.cli", "train",
+        "torchrun": [str(torchrun), "--nproc_per_node", "1", "--master_port", str(free_port()), "-m", "lld_monitor.cli", "train",
                      "--mode", "vanilla", "--seed", str(SEED), "--steps", str(STEPS), "--store", str(tmp_path / "torchrun"),
                      "--config", config, "--no-progress"],
     }
