@@ -148,3 +148,16 @@ def test_one_config_file_reaches_cli_runlogger_and_the_default_detector(tmp_path
     with pytest.raises(ValueError, match="JSON object"):
         RunLogger(str(tmp_path / "store2"), "bad", "vanilla", {}, handle_signals=False)
     assert not (tmp_path / "store2").exists()
+
+
+def test_detect_onsets_adds_fields_and_text(store, capsys):
+    path, _ = store
+    assert main(["detect", "--store", str(path), "--run", "vanilla-s0", "--onsets", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)["runs"][0]
+    assert {"reference", "onsets", "spikes"} <= set(rec)
+    assert rec["reference"] == {"step": rec["collapse_step"], "kind": "reward collapse"}
+    found = [o for o in rec["onsets"] if o["onset_step"] is not None]
+    assert found and all(o["lead_steps"] == rec["collapse_step"] - o["onset_step"] for o in found)
+    assert [o["onset_step"] for o in found] == sorted(o["onset_step"] for o in found)
+    assert main(["detect", "--store", str(path), "--run", "vanilla-s0", "--onsets"]) == 0
+    assert "onsets (reference: reward collapse at step" in capsys.readouterr().out

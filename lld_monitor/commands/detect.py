@@ -19,6 +19,8 @@ import math
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from lld_monitor.detect import (
     PHASES,
     SEVERITIES,
@@ -26,7 +28,9 @@ from lld_monitor.detect import (
     DetectorConfig,
     detect_run,
     load_detector_config,
+    onset_table,
     phase_title,
+    post_mortem_reference,
 )
 from lld_monitor.store import default_store_path
 
@@ -43,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the JSON contract instead of text")
     parser.add_argument("--min-severity", choices=SEVERITIES, default="info",
                         help="only list alerts at or above this severity (default: info = all)")
+    parser.add_argument("--onsets", action="store_true",
+                        help="also list, per signal, the step its sustained change began (the post-mortem's "
+                             "onset table; JSON: added fields 'reference', 'onsets', 'spikes')")
     parser.add_argument("--config", metavar="FILE",
                         help="JSON file of DetectorConfig overrides, e.g. {\"decay_z\": -4} (default: "
                              "$LLD_MONITOR_DETECTOR_CONFIG, which RunLogger and the dashboard read too)")
@@ -85,6 +92,21 @@ def run_record(run: dict, res: DetectionResult, min_severity: str = "info") -> d
     }
 
 
+def onset_record(sig) -> dict:
+    """The post-mortem's onsets of one run as added `detect --json` fields (lld_monitor.detect.onset)."""
+    if not len(sig):
+        return {"reference": {"step": None, "kind": "none"}, "onsets": [], "spikes": []}
+    ref, kind = post_mortem_reference(sig)
+    onsets, spikes = onset_table(sig, ref)
+
+    def rows(df) -> list[dict]:
+        return [{k: (None if v is None or (isinstance(v, float) and not math.isfinite(v)) or v is pd.NA
+                     else (int(v) if k in ("onset_step", "lead_steps", "step") else v))
+                 for k, v in r.items()} for r in df.astype(object).to_dict("records")]
+
+    return {"reference": {"step": ref, "kind": kind}, "onsets": rows(onsets), "spikes": rows(spikes)}
+
+
 def _load_config(path: str | None) -> DetectorConfig:
     """--config FILE; without it, $LLD_MONITOR_DETECTOR_CONFIG's file if set (what RunLogger and the
     dashboard use), else the defaults."""
@@ -102,6 +124,20 @@ def _print_text(rec: dict, out) -> None:
     print(f"  reward collapse: {'step ' + str(cs) if cs is not None else 'none'}", file=out)
     if not rec["alerts"]:
         print("  alerts: none", file=out)
+    if "onsets" in rec:
+        ref = rec["reference"]
+        print(f"  onsets (reference: {ref['kind']}" + (f" at step {ref['step']})" if ref["step"] is not None else ")"),
+              file=out)
+        for o in rec["onsets"]:
+            if o["onset_step"] is None:
+                print(f"    {o['column']:<28} -        {o['note']}", file=out)
+            else:
+                lead = "" if o["lead_steps"] is None else f", lead {o['lead_steps']}"
+                print(f"    {o['column']:<28} step {o['onset_step']:>4}  {o['direction']:<4} {o['size_sigma']} sigma{lead}",
+                      file=out)
+        if rec["spikes"]:
+            sp = ", ".join(f"{x['column']}@{x['step']}" for x in rec["spikes"])
+            print(f"  isolated spikes (not onsets): {sp}", file=out)
     for a in rec["alerts"]:
         print(f"  step {a['step']:>6}  {a['severity']:<8} {a['phase']:<10} {a['signal']}: {a['message']}", file=out)
 
@@ -137,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
         for run_row in runs:
             sig = reader.signals(run_row["run_id"])
             res = detect_run(sig, cfg) if len(sig) else DetectionResult("healthy", {}, None, [])
-            records.append(run_record(run_row, res, args.min_severity))
+            rec = run_record(run_row, res, args.min_severity)
+            if getattr(args, "onsets", False):
+                rec.update(onset_record(sig))
+            records.append(rec)
     finally:
         reader.close()
 
