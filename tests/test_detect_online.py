@@ -237,3 +237,14 @@ def test_online_equals_offline_on_arbitrary_rows(rows, seed):
         det.update(int(rec.pop("step")), rec)
     assert det.alerts == res.alerts
     assert (det.phase, det.phase_starts, det.collapse_step) == (res.phase, res.phase_starts, res.collapse_step)
+
+
+def test_proxy_decline_info_is_raised_once_per_episode():
+    res = detect_run(to_verl(spiral(SpiralSpec(seed=6))))
+    proxy = [a for a in res.alerts if a.message.startswith(PROXY_DECLINE_MESSAGE)]
+    assert len(proxy) == 1
+    # and a 'suspected' info (likelihood declining, displacement not net negative) is not repeated either
+    df = spiral(SpiralSpec(steps=220, seed=2, accel_start=None, collapse_start=None))
+    df["delta_preserved_mean"] = np.abs(df["delta_preserved_mean"]) + 0.01
+    sus = [a for a in detect_run(df).alerts if a.message.startswith("suspected phase II")]
+    assert 1 <= len(sus) <= 2

@@ -174,6 +174,7 @@ class _Latch:
         self.off = 0
         self.active = False
         self.episode_open = False  # a 'suspected' info alert was sent for the current run of evidence
+        self.quiet = 0  # consecutive updates without any (suspected or confirmed) evidence
 
     def feed(self, cond: bool) -> tuple[bool, bool]:
         """Returns (entered, left) for this update."""
@@ -183,8 +184,6 @@ class _Latch:
         else:
             self.off += 1
             self.on = 0
-            if self.off >= self.exit:
-                self.episode_open = False
         entered = left = False
         if not self.active and self.on >= self.enter:
             self.active, entered = True, True
@@ -285,6 +284,11 @@ class OnlineDetector:
         # 'suspected' info alerts: first update of a new run of evidence, before the latch confirms
         for lvl, evs in ((DECAY, decay_ev or suspect_decay), (ACCELERATION, accel_ev or suspect_ev)):
             latch = self._latches[lvl]
+            # an episode of evidence ends after `exit_patience` updates with none at all (suspected evidence
+            # alone never feeds the latch, so the latch's own failure count cannot end it)
+            latch.quiet = 0 if evs else latch.quiet + 1
+            if latch.quiet >= latch.exit:
+                latch.episode_open = False
             if evs and not latch.active and not latch.episode_open and phase_level(self.phase) < phase_level(lvl):
                 latch.episode_open = True
                 e = evs[0]
