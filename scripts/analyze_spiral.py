@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import re
+import sys
 
 import pandas as pd
 
@@ -80,6 +81,9 @@ def summarize(store: str, window: int = 10) -> list[dict]:
     r = open_store_reader(store)
     out = []
     for _, run in r.runs().sort_values("name").iterrows():
+        if run.status != "finished" or int(run.steps) < window:
+            print(f"skipped {run['name']}: {run.status}, {int(run.steps)} steps", file=sys.stderr)
+            continue
         sig = r.signals(run.run_id).set_index("step").sort_index()
         sig = sig.select_dtypes("number")
         sm = sig.rolling(window, min_periods=window).mean()

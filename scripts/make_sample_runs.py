@@ -1,5 +1,5 @@
-"""Regenerate `sample_runs/` with the CLI: the vanilla, LLDS and LLDS-MA runs of scripts/spiral_config.json,
-same settings and seed (3) (what they show: docs/backend.md, "The spiral experiment").
+"""Regenerate `sample_runs/` with the CLI: the vanilla and LLDS runs of scripts/spiral_config.json, same
+settings, the demo's seed (what they show: docs/backend.md, "The spiral experiment").
 
     .venv/bin/python scripts/make_sample_runs.py            # rebuild sample_runs/ (replaces it)
     .venv/bin/python scripts/make_sample_runs.py --check    # rebuild into a temp store and compare
@@ -20,13 +20,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lld_monitor.commands.demo import DEMO_SEED
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "scripts" / "spiral_config.json"
-# seed 3 of the 7-seed experiment (docs/backend.md): a seed on which vanilla collapses and LLDS and
-# LLDS-MA do not; every seed's outcome (the others included) is in that table
-SEED = 3
+# the demo's seed (lld_monitor.commands.demo.DEMO_SEED): on the machine kind CI runs on, its vanilla run
+# collapses and its LLDS run does not (the 10-seed table in docs/backend.md has every seed's outcome)
+SEED = DEMO_SEED
 STEPS = int(os.environ.get("LLD_SAMPLE_STEPS", "0")) or None  # default: the config's steps
-RUNS = [("vanilla", "vanilla"), ("llds", "llds"), ("llds-ma", "llds-ma")]
+# vanilla vs LLDS: our world never collapses to single-search behaviour, where the paper uses LLDS-MA
+# (docs/backend.md), so LLDS-MA is an option of the trainer, not a sample run
+RUNS = [("vanilla", "vanilla"), ("llds", "llds")]
 
 
 def build(store: Path) -> None:

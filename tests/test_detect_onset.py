@@ -107,15 +107,20 @@ def test_reference_falls_back_to_the_20pct_decline_then_none():
 def test_post_mortem_data_function_carries_onsets_on_the_sample_vanilla_run():
     from pathlib import Path
 
+    from lld_monitor.detect import reward_collapse_step
     from lld_monitor.store import open_store_reader
     from lld_monitor.ui import queries
 
     r = open_store_reader(Path(__file__).resolve().parents[1] / "sample_runs")
     try:
-        pm = queries.post_mortem(r, "sample-vanilla-seed3", k=1)
+        runs = r.runs()
+        rid = runs[runs["mode"] == "vanilla"].run_id.iloc[0]
+        collapse = reward_collapse_step(r.signals(rid))
+        pm = queries.post_mortem(r, rid, k=1)
     finally:
         r.close()
-    assert (pm.reference_step, pm.reference_kind) == (167, "reward collapse")
+    assert collapse is not None, "the sample vanilla run is the one that collapses"
+    assert (pm.reference_step, pm.reference_kind) == (collapse, "reward collapse")
     assert list(pm.onsets.columns) == ONSET_COLUMNS and list(pm.spikes.columns) == SPIKE_COLUMNS
     found = pm.onsets.dropna(subset=["onset_step"])
-    assert len(found) >= 3 and (found["lead_steps"] == 167 - found["onset_step"]).all()
+    assert len(found) >= 3 and (found["lead_steps"] == collapse - found["onset_step"]).all()

@@ -42,3 +42,26 @@ def test_analyze_spiral_table_matches_the_stored_runs():
     for row, line in zip(sorted(rows, key=lambda x: {"vanilla": 0, "llds": 1, "llds_ma": 2}[x["mode"]]), table[2:]):
         col = row["detector_collapse_step"]
         assert line.rstrip(" |").endswith("–" if col is None else str(col))
+
+
+@pytest.mark.skipif(not (SAMPLES / "store.json").exists(), reason="sample_runs/ has no store")
+def test_goal_table_follows_the_written_criteria():
+    from lld_monitor.detect import reward_collapse_step
+    from lld_monitor.store import open_store_reader
+
+    mod = _load("analyze_spiral")
+    rows = mod.summarize(str(SAMPLES))
+    with open_store_reader(SAMPLES) as r:
+        for row in rows:
+            sig = r.signals(row["run_id"])
+            rew = sig.set_index("step")["reward_mean"]
+            assert row["collapse_step"] == reward_collapse_step(sig)
+            assert row["reward_last20"] == pytest.approx(float(rew.iloc[-20:].mean()))
+            assert row["holds"] == (row["collapse_step"] is None and row["reward_last20"] >= 0.85 * row["reward_peak"])
+            if row["paper_order"]:
+                assert row["reward_hold_steps"] >= mod.HOLD_STEPS
+                assert row["surge_step"] < row["collapse_step"]
+    table = mod.goal_markdown(rows).splitlines()
+    assert len(table) == 2 + len(rows)
+    counts = mod.goal(rows)
+    assert counts.startswith("vanilla collapses: ") and "LLDS holds" in counts
