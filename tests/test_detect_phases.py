@@ -198,6 +198,28 @@ def test_weaker_decline_counts_when_displacement_corroborates_it(seed):
     assert first(res.alerts) is None
 
 
+def _heavy_tailed_displacement(seed: int, big_every: int) -> np.ndarray:
+    """Mostly small gains (+0.003) with a large displacing step (-0.08) every `big_every` steps."""
+    rng = np.random.default_rng(seed + 70)
+    d = np.abs(rng.normal(0.003, 0.001, 220))
+    d[::big_every] = -0.08
+    return d
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_heavy_tailed_net_displacement_counts(seed):
+    # most steps gain a little, a few displace a lot: the median and the count of negative steps say
+    # "not displacing", the sum over the trend window says the updates lower the preserved responses
+    df = _decline_only(seed, 0.0)
+    df["delta_preserved_mean"] = _heavy_tailed_displacement(seed, big_every=8)  # mean < 0
+    cfg = DetectorConfig(decay_z=-1e9)  # only the corroborated path (likelihood + displacement) can fire
+    warn = [a for a in detect_run(df, cfg).alerts if a.severity == "warning"]
+    assert warn and warn[0].signal == "ll_correct_mean" and "net negative over the last" in warn[0].message
+    # the same large steps, too rare to outweigh the gains over the trend window: not net displacing
+    df["delta_preserved_mean"] = _heavy_tailed_displacement(seed, big_every=60)  # one in any 45 steps: sum > 0
+    assert first(detect_run(df, cfg).alerts) is None
+
+
 def test_reward_dip_during_decay_is_acceleration_not_collapse_and_recovery_is_said():
     """Phase III (acceleration) is not 'reward collapsed': a run whose reward dips to 0.65 x its peak
     during the decay and comes back enters acceleration, never collapse, and leaves it saying so."""

@@ -440,13 +440,16 @@ class OnlineDetector:
                 # the likelihood is measured on fresh samples each step, so a cross-step decline can be a
                 # shift of the sampled responses; the same-token displacement says whether the step's
                 # updates on balance LOWER the preserved responses (the decline is displacement) or not
-                # net = the sum of the window's same-token changes is negative (displacement is heavy-tailed:
-                # a few steps that displace a lot outweigh many small gains, and a median or a count of
-                # negative steps does not see that), or most steps are negative with a negative median
+                # net = most of the last `displacement_window` steps are negative with a negative median, or the
+                # same-token changes sum to less than zero over the steps the likelihood trend is measured on
+                # (displacement is heavy-tailed: a few steps that displace a lot outweigh many small gains,
+                # which a median or a count of negative steps does not see; the longer window keeps one
+                # outlying step from deciding it)
                 _, d0 = dtr0.last(int(c.displacement_window))
                 by_count = (float(np.mean(d0 < -c.displacement_eps)) >= c.net_displacement_frac
                             and fast_median(d0) < 0)
-                d_mean = float(np.mean(d0))
+                _, d_long = dtr0.last(int(c.trend_window))
+                d_mean = float(np.mean(d_long))
                 net_displaced = by_count or d_mean < -c.displacement_eps
             corroborated = bool(net_displaced) and t.z < c.corroborated_decay_z and drop > 0
             if declining and net_displaced is None:
@@ -465,7 +468,7 @@ class OnlineDetector:
                 zt = c.decay_z if declining else c.corroborated_decay_z
                 also = "" if declining else (
                     f", and {dtr0.source.label} < 0 on most of the last {c.displacement_window} steps" if by_count else
-                    f", and {dtr0.source.label} net negative over the last {c.displacement_window} steps "
+                    f", and {dtr0.source.label} net negative over the last {d_long.size} steps "
                     f"(mean {_fmt(d_mean)})")
                 decay_ev.append(_Evidence(
                     lab, t.z, zt,
