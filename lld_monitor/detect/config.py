@@ -51,8 +51,11 @@ class DetectorConfig:
     net_displacement_frac: float = 0.5
     """Where delta_preserved is measured, the step's updates count as *net displacing* when at least this
     share of the last `displacement_window` steps had delta_preserved < -displacement_eps and its median is
-    negative. A likelihood decline without net displacement is only 'suspected' (info): the updates raise
-    the preserved responses, so the decline of the fresh samples' likelihood is a distribution shift."""
+    negative, OR when the mean of delta_preserved over the last `trend_window` steps (those the likelihood
+    trend is fitted on) is < -displacement_eps: displacement is heavy-tailed, a few strongly displacing steps
+    can outweigh many small gains. A likelihood decline without net displacement is only 'suspected' (info):
+    the updates raise the preserved responses, so the decline of the fresh samples' likelihood is a
+    distribution shift."""
     corroborated_decay_z: float = -2.5
     """With net displacement, a likelihood trend z below this (and a smoothed likelihood below its peak) is
     enough for decay: two independent signals agree, so each may be weaker than `decay_z` alone."""
