@@ -84,8 +84,8 @@ def summarize(store: str, window: int = 10) -> list[dict]:
         if run.status != "finished" or int(run.steps) < window:
             print(f"skipped {run['name']}: {run.status}, {int(run.steps)} steps", file=sys.stderr)
             continue
-        sig = r.signals(run.run_id).set_index("step").sort_index()
-        sig = sig.select_dtypes("number")
+        raw = r.signals(run.run_id)
+        sig = raw.set_index("step").sort_index().select_dtypes("number")
         sm = sig.rolling(window, min_periods=window).mean()
         rew = sm["reward_mean"]
         peak_step = int(rew.idxmax())
@@ -95,8 +95,8 @@ def summarize(store: str, window: int = 10) -> list[dict]:
         base_h = sm["entropy"].dropna().iloc[0]
         below = sm["ll_correct_mean"] < base_ll - 0.02
         stays = below & below[::-1].rolling(window, min_periods=1).min()[::-1].astype(bool)
-        res = detect_run(r.signals(run.run_id))
-        collapse = reward_collapse_step(r.signals(run.run_id))
+        res = detect_run(raw)
+        collapse = reward_collapse_step(raw)
         last20 = float(sig["reward_mean"].iloc[-HOLD_LAST:].mean())
         out.append({
             "seed": _seed(run["name"]), "collapse_step": collapse, "reward_last20": last20,
