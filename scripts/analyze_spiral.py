@@ -1,7 +1,7 @@
 """Summarize the spiral experiment: per run, peak/final reward, the detector's phase starts and the
 simple signal markers used in docs/backend.md.
 
-    .venv/bin/python scripts/analyze_spiral.py /work/experiments/spiral_store [--window 10] [--json | --markdown]
+    .venv/bin/python scripts/analyze_spiral.py /work/experiments/spiral_store [--window 10] [--json | --markdown | --goal | --errors]
 
 `--markdown` prints the run table of docs/backend.md (runs ordered by mode, then seed).
 
@@ -10,6 +10,13 @@ Markers (on a trailing `window`-step mean; baseline = the first window):
   for the next window;
 - entropy_surge_step: first step where entropy exceeds 1.5x its baseline;
 - reward_drop_step: first step where the smoothed reward is below 0.8x its running peak.
+
+`--errors`: what the wrong responses got wrong, early (steps 20-59) and late (the last 50 steps), each
+wrong response put in the first kind that fits, checked against the run's own world (rebuilt from its
+stored config): an invalid action; no search; a first query that is not the question's entity (a mangled
+copy); a two-hop question answered after one search; a wrong second query; no answer; else, with every
+search right, a wrong entity that is in the retrieved documents (another slot or person) or an answer
+that is not in them (a mangled copy).
 
 The testbed's goal (issue "A spiral testbed that reproduces the paper every time"), written down before
 any tuning and checked by `--goal`; every series is the trailing `window`-step mean:
@@ -175,6 +182,81 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+ERROR_KINDS = ("invalid action", "no search", "wrong first query", "stopped after one search", "wrong second query",
+               "no answer", "right searches, wrong entity of the documents", "right searches, answer not in the documents")
+ERROR_WINDOWS = (("early", 20, 60), ("late", -50, None))
+_SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+_INFO = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+
+
+def error_kind(text: str, question) -> str:
+    """The first ERROR_KINDS entry that describes a wrong response to `question` (a world.Question)."""
+    from lld_monitor.backend.env import INVALID_MESSAGE
+    from lld_monitor.backend.reward import extract_answer, normalize_answer
+
+    if INVALID_MESSAGE in text:
+        return "invalid action"
+    queries = [normalize_answer(q) for q in _SEARCH.findall(text)]
+    if not queries:
+        return "no search"
+    chain = question.chain
+    if queries[0] != normalize_answer(chain[0][0]):
+        return "wrong first query"
+    if question.hops == 2:
+        if len(queries) == 1:
+            return "stopped after one search"
+        if queries[1] != normalize_answer(chain[1][0]):
+            return "wrong second query"
+    ans = extract_answer(text)
+    if ans is None:
+        return "no answer"
+    seen = " ".join(_INFO.findall(text))
+    inside = f" {normalize_answer(ans)} " in f" {normalize_answer(seen)} "
+    return "right searches, wrong entity of the documents" if inside else "right searches, answer not in the documents"
+
+
+def error_rows(store: str) -> list[dict]:
+    """Per finished run and window: the share of wrong responses and of each ERROR_KINDS among them."""
+    from lld_monitor.backend.config import config_from_dict
+    from lld_monitor.backend.world import build_world
+    from lld_monitor.store import open_store_reader
+
+    r = open_store_reader(store)
+    out, worlds = [], {}
+    for _, run in r.runs().sort_values("name").iterrows():
+        if run.status != "finished":
+            continue
+        raw = r.run(run.run_id)["config"]
+        cfg = config_from_dict(json.loads(raw) if isinstance(raw, str) else raw)
+        key = json.dumps(cfg.world.to_dict(), sort_keys=True)
+        if key not in worlds:
+            worlds[key] = {q.question: q for q in build_world(cfg.world).questions}
+        by_text = worlds[key]
+        s = r.samples(run.run_id)
+        last = int(s.step.max())
+        for name, lo, hi in ERROR_WINDOWS:
+            lo_, hi_ = (last + 1 + lo, last + 1) if lo < 0 else (lo, hi)
+            w = s[(s.step >= lo_) & (s.step < hi_)]
+            wrong = w[w.reward <= 0]
+            kinds = [error_kind(t, by_text[q]) for t, q in zip(wrong.text, wrong.question)]
+            row = {"run": run["name"], "mode": run["mode"], "window": f"{name} ({lo_}-{hi_ - 1})",
+                   "responses": len(w), "wrong": len(wrong) / max(len(w), 1)}
+            row.update({k: kinds.count(k) / max(len(kinds), 1) for k in ERROR_KINDS})
+            out.append(row)
+    r.close()
+    return out
+
+
+def errors_markdown(rows: list[dict]) -> str:
+    order = {"vanilla": 0, "llds": 1, "llds_ma": 2}
+    rows = sorted(rows, key=lambda r: (order.get(r["mode"], 9), len(r["run"]), r["run"], r["window"]))
+    out = ["| run | window | wrong | " + " | ".join(ERROR_KINDS) + " |", "|---" * (3 + len(ERROR_KINDS)) + "|"]
+    for r in rows:
+        out.append(f"| {r['run']} | {r['window']} | {r['wrong']:.0%} | "
+                   + " | ".join(f"{r[k]:.0%}" for k in ERROR_KINDS) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("store")
@@ -182,7 +264,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="the run table of docs/backend.md")
     ap.add_argument("--goal", action="store_true", help="the per-run goal table and the counts against the testbed's goal")
+    ap.add_argument("--errors", action="store_true", help="what the wrong responses got wrong, early and late (module doc)")
     a = ap.parse_args()
+    if a.errors:
+        print(errors_markdown(error_rows(a.store)))
+        return
     rows = summarize(a.store, a.window)
     if a.goal:
         print(goal_markdown(rows))

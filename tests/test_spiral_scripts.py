@@ -65,3 +65,50 @@ def test_goal_table_follows_the_written_criteria():
     assert len(table) == 2 + len(rows)
     counts = mod.goal(rows)
     assert counts.startswith("vanilla collapses: ") and "LLDS holds" in counts
+
+
+def test_error_kind_on_hand_written_responses():
+    """Each kind of mistake, written by hand for one two-hop question of the real world, lands in its kind."""
+    from lld_monitor.backend.env import INVALID_MESSAGE
+    from lld_monitor.backend.world import WorldConfig, build_world
+
+    mod = _load("analyze_spiral")
+    q = next(q for q in build_world(WorldConfig(n_countries=8, n_cities=24, n_orgs=40)).questions if q.hops == 2)
+    (q1, a1), (q2, a2) = q.chain
+
+    def obs(*words):
+        return "<information> doc 1 : " + " ".join(words) + " . </information>"
+
+    right = f"<search> {q1} </search> {obs(q1, 'x', a1)} <search> {q2} </search> {obs(q2, 'in', q.answers[0], 'or', 'zzz')} "
+    cases = {
+        "invalid action": f"<search> {q1} </answer> {INVALID_MESSAGE} <answer> zzz </answer>",
+        "no search": "<answer> zzz </answer>",
+        "wrong first query": f"<search> {q1}x </search> {obs('y')} <answer> zzz </answer>",
+        "stopped after one search": f"<search> {q1} </search> {obs(q1, a1)} <answer> {a1} </answer>",
+        "wrong second query": f"<search> {q1} </search> {obs(a1)} <search> {q2}x </search> {obs('y')} <answer> y </answer>",
+        "no answer": right,
+        "right searches, wrong entity of the documents": right + "<answer> zzz </answer>",
+        "right searches, answer not in the documents": right + "<answer> qqq </answer>",
+    }
+    assert set(cases) == set(mod.ERROR_KINDS)
+    for kind, text in cases.items():
+        assert mod.error_kind(text, q) == kind, kind
+
+
+@pytest.mark.skipif(not (SAMPLES / "store.json").exists(), reason="sample_runs/ has no store")
+def test_error_rows_count_the_wrong_responses_of_each_window():
+    from lld_monitor.store import open_store_reader
+
+    mod = _load("analyze_spiral")
+    rows = mod.error_rows(str(SAMPLES))
+    with open_store_reader(SAMPLES) as r:
+        runs = r.runs()
+        assert len(rows) == 2 * len(runs)
+        for row in rows:
+            s = r.samples(runs.set_index("name").loc[row["run"], "run_id"])
+            lo, hi = (int(x) for x in row["window"].split("(")[1].rstrip(")").split("-"))
+            w = s[(s.step >= lo) & (s.step <= hi)]
+            assert row["responses"] == len(w)
+            assert row["wrong"] == pytest.approx(float((w.reward <= 0).mean()))
+            assert sum(row[k] for k in mod.ERROR_KINDS) == pytest.approx(1.0)
+    assert len(mod.errors_markdown(rows).splitlines()) == 2 + len(rows)
