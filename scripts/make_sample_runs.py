@@ -8,6 +8,10 @@ Everything a run learns is a function of its config and seed (single thread, see
 cached warm start keyed by its config), so a rebuild reproduces every sample, token and training
 signal bit-for-bit. Wall-clock columns (timestamps, step_time, timing_s/*) are measurements and
 differ; `--check` compares everything else, every logged token included (`lld_monitor.store.compare`).
+
+Both modes then print what a newcomer running `lld-monitor demo` would see on this machine, from the runs
+just trained side by side (as the demo trains them): each run's median seconds per step and, for a run
+whose reward collapses, the step and the minute (from its first step's start) at which it did.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import pandas as pd
 
 from lld_monitor.commands.demo import DEMO_SEED
 
@@ -62,6 +68,21 @@ def compare(a: Path, b: Path) -> int:
     return bad
 
 
+def timeline(store: Path) -> None:
+    """Print each run's median seconds per step and the minute of its reward collapse, if any."""
+    from lld_monitor.detect import reward_collapse_step
+    from lld_monitor.store import open_store_reader
+
+    with open_store_reader(store) as r:
+        for _, run in r.runs().sort_values("name").iterrows():
+            s = r.steps(run.run_id).sort_values("step").set_index("step")
+            start = s["time"].iloc[0] - pd.to_timedelta(s["step_time"].iloc[0], unit="s")
+            col = reward_collapse_step(r.signals(run.run_id))
+            when = ("no collapse" if col is None else
+                    f"collapse at step {col}, {(s['time'].loc[col] - start).total_seconds() / 60:.1f} min after it started")
+            print(f"{run['name']}: {len(s)} steps, median {s['step_time'].median():.2f} s per step; {when}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="rebuild into a temp store and compare with sample_runs/")
@@ -71,10 +92,12 @@ def main() -> int:
     if args.check:
         with tempfile.TemporaryDirectory() as d:
             build(Path(d) / "store")
+            timeline(Path(d) / "store")
             return 1 if compare(out, Path(d) / "store") else 0
     tmp = out.with_name(out.name + ".new")
     shutil.rmtree(tmp, ignore_errors=True)
     build(tmp)
+    timeline(tmp)
     keep = [p for p in out.iterdir() if p.name not in ("store.json", "runs")] if out.exists() else []
     for p in keep:  # e.g. a README in the folder
         shutil.copy2(p, tmp / p.name) if p.is_file() else None

@@ -112,3 +112,24 @@ def test_error_rows_count_the_wrong_responses_of_each_window():
             assert row["wrong"] == pytest.approx(float((w.reward <= 0).mean()))
             assert sum(row[k] for k in mod.ERROR_KINDS) == pytest.approx(1.0)
     assert len(mod.errors_markdown(rows).splitlines()) == 2 + len(rows)
+
+
+@pytest.mark.skipif(not (SAMPLES / "store.json").exists(), reason="sample_runs/ has no store")
+def test_sample_runs_timeline_reports_the_collapse_minute(capsys):
+    from lld_monitor.detect import reward_collapse_step
+    from lld_monitor.store import open_store_reader
+
+    _load("make_sample_runs").timeline(SAMPLES)
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    with open_store_reader(SAMPLES) as r:
+        for _, run in r.runs().iterrows():
+            s = r.steps(run.run_id)
+            col = reward_collapse_step(r.signals(run.run_id))
+            line = lines[run["name"]]
+            assert line.startswith(f"{len(s)} steps, median {s.step_time.median():.2f} s per step")
+            if col is None:
+                assert line.endswith("no collapse")
+            else:
+                minutes = float(line.split(", ")[-1].split()[0])
+                assert f"collapse at step {col}," in line
+                assert 0 < minutes * 60 <= s.step_time.sum() + 60
