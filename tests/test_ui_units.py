@@ -227,3 +227,26 @@ def test_phase_timeline_rows_phase_on_top_signals_in_alert_order():
                            "value": 0.0, "threshold": 0.0, "message": "m"})
     fig = figures.phase_timeline_figure(bands, alerts, None)
     assert list(fig.layout.yaxis.categoryarray) == ["entropy", "ll_correct_mean", "phase"]  # bottom -> top
+
+
+def test_early_panels_fit_the_steps_before_phase_iii():
+    """After phase III begins, the likelihood and Δ panels' y-axes fit the steps before it (the phase II move stays
+    readable); the other panels and runs that never reach phase III keep autorange."""
+    n = 100
+    s = np.arange(n)
+    df = _signals(n)
+    df["ll_correct_mean"] = np.where(s < 60, -0.01 - 0.0005 * s, -0.5 - 0.01 * (s - 60))  # falls off a cliff at 60
+    bands = pd.DataFrame({"phase": ["healthy", "decay", "acceleration"], "start": [0, 30, 60], "end": [30, 60, 99]})
+    assert figures.late_phase_start(bands) == 60
+    fig = figures.live_health_figure(df, bands, None, smoothing=0.0)
+    ll_row = next(i for i, p in enumerate(sig.LIVE_PANELS, start=1) if "ll_correct_mean" in p.signals)
+    lo, hi = fig.get_subplot(ll_row, 1).yaxis.range
+    before = df.ll_correct_mean[s < 60]
+    assert lo < before.min() < before.max() < hi and lo > -0.1  # the cliff to -0.89 is off the axis
+    assert any(a.name == "early-axis-note" and "steps < 60" in a.text for a in fig.layout.annotations)
+    ent_row = next(i for i, p in enumerate(sig.LIVE_PANELS, start=1) if "entropy" in p.signals)
+    assert fig.get_subplot(ent_row, 1).yaxis.range is None  # not an early panel
+    # no phase III: nothing is fitted
+    calm = figures.live_health_figure(df, bands.iloc[:2], None, smoothing=0.0)
+    assert calm.get_subplot(ll_row, 1).yaxis.range is None
+    assert not any(a.name == "early-axis-note" for a in calm.layout.annotations)

@@ -7,6 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lld_monitor.detect.phases import ACCELERATION, COLLAPSE
 from lld_monitor.ui import signals as sig
 from lld_monitor.ui.phases import (
     PHASE_COLORS,
@@ -189,6 +190,38 @@ def add_step_marker(fig: go.Figure, step: int | float, text: str, color: str, ro
                        yanchor="bottom", name="step-marker", font=dict(size=11, color=color), bgcolor="rgba(255,255,255,0.8)")
 
 
+def late_phase_start(bands: pd.DataFrame | None) -> int | None:
+    """The first step of phase III (acceleration) or of the reward collapse, whichever comes first; None if neither."""
+    if bands is None or bands.empty:
+        return None
+    late = bands[bands["phase"].astype(str).isin([ACCELERATION, COLLAPSE])]
+    return int(late["start"].min()) if len(late) else None
+
+
+def fit_early_axis(fig: go.Figure, row: int, series: list[tuple[np.ndarray, np.ndarray]], cut: int,
+                   smoothing: float) -> None:
+    """Fit panel `row`'s y-axis to the drawn lines (EMA when smoothing) at steps before `cut`, when later values
+    leave that range; say so in the panel. Zooming out (or the modebar's autoscale) shows everything."""
+    before, after = [], []
+    for steps, values in series:
+        drawn = sig.ema(values, smoothing) if smoothing > 0 else values
+        ok = np.isfinite(drawn)
+        before.append(drawn[ok & (steps < cut)])
+        after.append(drawn[ok & (steps >= cut)])
+    b, a = np.concatenate(before), np.concatenate(after)
+    if len(b) < 2:
+        return
+    lo, hi = float(b.min()), float(b.max())
+    if not len(a) or (a.min() >= lo and a.max() <= hi):
+        return
+    pad = 0.15 * (hi - lo) if hi > lo else max(abs(hi), 1e-3) * 0.1
+    fig.update_yaxes(range=[lo - pad, hi + pad], row=row, col=1, secondary_y=False)
+    xref, yref = _axis_refs(fig, row)[row - 1]
+    fig.add_annotation(text=f"axis fitted to steps < {cut} (phase III on runs off it; autoscale to see all)",
+                       showarrow=False, xref=f"{xref} domain", yref=f"{yref} domain", x=1, y=1, xanchor="right", yanchor="top",
+                       font=dict(size=10, color="#777"), bgcolor="rgba(255,255,255,0.7)", name="early-axis-note")
+
+
 def live_health_figure(
     signals: pd.DataFrame,
     bands: pd.DataFrame | None = None,
@@ -253,6 +286,12 @@ def live_health_figure(
         if ll_row is not None:
             add_step_marker(fig, phase_ii_step, f"phase II onset · step {int(phase_ii_step)}",
                             PHASE_SOLID.get("decay", "#e67800"), ll_row, len(panels))
+    cut = late_phase_start(bands)
+    if cut is not None:
+        for r, panel in enumerate(panels, start=1):
+            if panel.early:
+                fit_early_axis(fig, r, [(f["step"].to_numpy(dtype="float64"), f[n].to_numpy(dtype="float64"))
+                                        for _, f, _ in runs for n in panel.signals if n in f.columns], cut, smoothing)
     for r, panel in enumerate(panels, start=1):
         if not panel.secondary:
             continue

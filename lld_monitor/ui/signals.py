@@ -27,14 +27,17 @@ class SignalSpec:
     title: str
     signals: tuple[str, ...]
     secondary: tuple[str, ...] = ()
+    # an early-warning panel: once a run reaches phase III, its y-axis fits the steps before it, so the
+    # phase II move stays readable instead of being flattened by the post-collapse values
+    early: bool = False
 
 
 LIVE_PANELS: tuple[SignalSpec, ...] = (
     SignalSpec("Reward: mean reward per step · dotted: accuracy (share of responses rewarded)", ("reward_mean",), ("accuracy",)),
     SignalSpec("Log-likelihood of correct responses (nats per action token): the first to fall in the LLD spiral",
-               ("ll_correct_mean",)),
+               ("ll_correct_mean",), early=True),
     SignalSpec("Displacement Δ of preserved responses (nats per action token) · dotted, right: share of their actions"
-               " displaced", ("delta_preserved_mean",), ("frac_actions_displaced",)),
+               " displaced", ("delta_preserved_mean",), ("frac_actions_displaced",), early=True),
     SignalSpec("Entropy of the policy (nats per action token)", ("entropy",)),
     SignalSpec("Gradient norm before clipping (L2)", ("grad_norm",)),
     SignalSpec("Log-likelihood of incorrect responses (nats per action token)", ("ll_incorrect_mean",)),
