@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", type=int, default=0, metavar="N",
                     help="also evaluate N synthetic collapsing + N synthetic healthy runs (seeds 1..N)")
     ap.add_argument("--half", choices=("tune", "report", "all"), default="all",
-                    help="only list runs of this half (default: all; the summary always shows each half)")
+                    help="only this half, per run and in the summary (tune while blind to the reported half)")
     ap.add_argument("--config", help="JSON file of DetectorConfig overrides")
     ap.add_argument("--markdown", action="store_true", help="print the docs' tables (per run and summary)")
     ap.add_argument("--json", metavar="OUT", help="also write rows and summary as JSON")
@@ -434,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
     shown = rows if args.half == "all" else [r for r in rows if r.half == args.half]
     summ = summarize(rows)
+    if args.half != "all":
+        summ = {h: v for h, v in summ.items() if h == args.half}
     print("\n".join(per_run_table(shown, args.markdown)))
     print()
     print("\n".join(summary_table(summ, args.markdown)))
@@ -441,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(frames)} runs in {elapsed:.1f} s ({elapsed / len(frames):.2f} s per run, 3 variants); "
           f"detector cost {us:.0f} us/step (median of 3 replays of the longest run, {max(map(len, frames))} steps)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], "summary": summ,
+        Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in shown], "summary": summ,
                                                "us_per_step": us, "config": cfg.to_dict()}, indent=2))
     return 0
 

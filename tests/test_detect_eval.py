@@ -85,3 +85,13 @@ def test_eval_synthetic_end_to_end(tmp_path, capsys):
         assert s["collapse_runs"] == 1 and s["healthy_runs"] == 1 and s["recall"] == 1.0
         assert s["healthy_warned"] == 0
     assert len(res["rows"]) == 4 * len(ev.VARIANTS)
+
+
+def test_half_tune_hides_the_reported_half(tmp_path, capsys):
+    """Tuning is done blind: --half tune shows neither the reported half's runs nor its summary."""
+    out = tmp_path / "tune.json"
+    assert ev.main(["--synthetic", "2", "--half", "tune", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "report" not in text and "tune" in text
+    res = json.loads(out.read_text())
+    assert set(res["summary"]) == {"tune"} and {r["half"] for r in res["rows"]} == {"tune"}
