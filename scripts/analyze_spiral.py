@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import re
 import sys
@@ -266,6 +267,7 @@ def main() -> None:
     ap.add_argument("--goal", action="store_true", help="the per-run goal table and the counts against the testbed's goal")
     ap.add_argument("--errors", action="store_true", help="what the wrong responses got wrong, early and late (module doc)")
     a = ap.parse_args()
+    logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)  # the replayed alerts are not this table
     if a.errors:
         print(errors_markdown(error_rows(a.store)))
         return
