@@ -190,3 +190,32 @@ def test_lost_store_json_says_how_to_recover(tmp_path):
     assert _snapshot(store) == before
     (store / "store.json").write_text(json.dumps({"format": "lld-monitor-store", "schema_version": 1}))
     assert open_store_reader(store).run(rid)["steps"] == 5
+
+
+def test_a_store_appearing_during_the_scan_is_not_a_foreign_folder(tmp_path, monkeypatch):
+    """Two trainers starting at once into a new store (make_sample_runs, the demo): the second looked for store.json,
+    then listed the folder after the first had created it, and refused the folder as foreign (seen 2026-12-03)."""
+    from pathlib import Path
+
+    from lld_monitor.store import layout, storedir
+
+    store = tmp_path / "new"
+    store.mkdir()
+    real_iterdir = Path.iterdir
+
+    def iterdir_after_the_other_process_won(self):
+        if self == store and not (store / layout.STORE_FILE).exists():
+            layout.create_json_exclusive(store / layout.STORE_FILE,
+                                         {"format": layout.STORE_FORMAT, "schema_version": storedir.SCHEMA_VERSION})
+            (store / layout.RUNS_DIR).mkdir()
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir_after_the_other_process_won)
+    assert storedir.inspect_store(store) == (store, storedir.SCHEMA_VERSION)
+    monkeypatch.undo()
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(NotAStoreError, match="not an lld-monitor store"):
+        storedir.inspect_store(foreign)
+

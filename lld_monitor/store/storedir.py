@@ -30,23 +30,30 @@ def inspect_store(path: str | os.PathLike) -> tuple[Path, int | None]:
         )
     meta_path = p / layout.STORE_FILE
     if not meta_path.exists():
-        if (p / layout.RUNS_DIR).is_dir() and any((p / layout.RUNS_DIR).glob(f"*/{layout.RUN_FILE}")):
-            raise NotAStoreError(
-                f"{p} holds run folders but no {layout.STORE_FILE} (lost?). If it is an lld-monitor store, recreate "
-                f'{p / layout.STORE_FILE} with {{"format": "{layout.STORE_FORMAT}", "schema_version": {SCHEMA_VERSION}}}; '
-                "nothing was changed."
-            )
-        if any(e for e in p.iterdir() if not e.name.startswith(".")):
-            raise NotAStoreError(
-                f"{p} is not an lld-monitor store (no {layout.STORE_FILE}, and the folder holds other files). "
-                "Pass --store with a store folder, or an empty/new folder to start one."
-            )
-        return p, None
+        problem = _not_a_store(p)
+        # look again: a process creating this store writes store.json first (atomically), then runs/ and the
+        # runs, so what the scan saw may be that store appearing, not a foreign folder
+        if not meta_path.exists():
+            if problem:
+                raise NotAStoreError(problem)
+            return p, None
     try:
         meta = layout.read_json(meta_path)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise NotAStoreError(f"{meta_path} is corrupt ({e}); this is not a readable lld-monitor store.") from e
     return p, migrations.store_version(meta, p)
+
+
+def _not_a_store(p: Path) -> str | None:
+    """Why a folder without store.json cannot be a new store (None: it is empty, a store may start there)."""
+    if (p / layout.RUNS_DIR).is_dir() and any((p / layout.RUNS_DIR).glob(f"*/{layout.RUN_FILE}")):
+        return (f"{p} holds run folders but no {layout.STORE_FILE} (lost?). If it is an lld-monitor store, recreate "
+                f'{p / layout.STORE_FILE} with {{"format": "{layout.STORE_FORMAT}", "schema_version": {SCHEMA_VERSION}}}; '
+                "nothing was changed.")
+    if any(e for e in p.iterdir() if not e.name.startswith(".")):
+        return (f"{p} is not an lld-monitor store (no {layout.STORE_FILE}, and the folder holds other files). "
+                "Pass --store with a store folder, or an empty/new folder to start one.")
+    return None
 
 
 def open_store_for_write(path: str | os.PathLike) -> Path:
