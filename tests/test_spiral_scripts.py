@@ -133,3 +133,19 @@ def test_sample_runs_timeline_reports_the_collapse_minute(capsys):
                 minutes = float(line.split(", ")[-1].split()[0])
                 assert f"collapse at step {col}," in line
                 assert 0 < minutes * 60 <= s.step_time.sum() + 60
+
+
+def test_probe_configs_load_and_are_listed():
+    """Every probe config is a valid training config (unknown keys are an error) and is listed in its README."""
+    import json
+
+    from lld_monitor.backend.config import load_config
+
+    probes = sorted((ROOT / "scripts" / "probes").glob("*.json"))
+    readme = (ROOT / "scripts" / "probes" / "README.md").read_text()
+    base = json.loads((ROOT / "scripts" / "spiral_config.json").read_text())
+    assert probes
+    for p in probes:
+        cfg = load_config(p)
+        assert f"`{p.name}`" in readme
+        assert json.loads(p.read_text()) != base and cfg.grpo.loss_agg == base["grpo"]["loss_agg"]
