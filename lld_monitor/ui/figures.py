@@ -217,7 +217,7 @@ def fit_early_axis(fig: go.Figure, row: int, series: list[tuple[np.ndarray, np.n
     pad = 0.15 * (hi - lo) if hi > lo else max(abs(hi), 1e-3) * 0.1
     fig.update_yaxes(range=[lo - pad, hi + pad], row=row, col=1, secondary_y=False)
     xref, yref = _axis_refs(fig, row)[row - 1]
-    fig.add_annotation(text=f"axis fitted to steps < {cut} (phase III on runs off it; autoscale to see all)",
+    fig.add_annotation(text=f"axis fitted to steps < {cut}: later values run off it (autoscale shows all)",
                        showarrow=False, xref=f"{xref} domain", yref=f"{yref} domain", x=1, y=1, xanchor="right", yanchor="top",
                        font=dict(size=10, color="#777"), bgcolor="rgba(255,255,255,0.7)", name="early-axis-note")
 
