@@ -77,6 +77,13 @@ def order_of_events(sm: pd.DataFrame, collapse: int | None, window: int) -> dict
     return out
 
 
+def _mode_rank(mode: str) -> int:
+    """Tables list vanilla first, then llds, llds_ma (the store's order of modes, `schema.MODES`), then the rest."""
+    from lld_monitor.store.schema import MODES
+
+    return MODES.index(mode) if mode in MODES else len(MODES)
+
+
 def _first(mask: pd.Series) -> int | None:
     idx = mask[mask].index
     return int(idx[0]) if len(idx) else None
@@ -152,8 +159,7 @@ def goal(rows: list[dict]) -> str:
 
 def goal_markdown(rows: list[dict]) -> str:
     """Per run: start -> peak, likelihood-fall step, reward hold, surge, collapse, last-20 mean (the docs' 10-seed table)."""
-    order = {"vanilla": 0, "llds": 1, "llds_ma": 2}
-    rows = sorted(rows, key=lambda r: (order.get(r["mode"], 9), r["seed"] if r["seed"] is not None else 0, r["run"]))
+    rows = sorted(rows, key=lambda r: (_mode_rank(r["mode"]), r["seed"] if r["seed"] is not None else 0, r["run"]))
     out = ["| run | reward start → peak (step) | likelihood falls from (step) | reward holds (steps) | surge (step, signal) "
            "| reward collapse (step) | last 20 | holds |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -167,8 +173,7 @@ def goal_markdown(rows: list[dict]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    order = {"vanilla": 0, "llds": 1, "llds_ma": 2}
-    rows = sorted(rows, key=lambda r: (order.get(r["mode"], 9), len(r["run"]), r["run"]))
+    rows = sorted(rows, key=lambda r: (_mode_rank(r["mode"]), len(r["run"]), r["run"]))
     out = ["| run | reward start → peak (step) | trough (step) | last 10 | Δ preserved < 0 (share of steps, mean nats) "
            "| entropy max | grad-norm max | phases (detector): stagnation / decay / phase III | reward collapse |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -249,8 +254,7 @@ def error_rows(store: str) -> list[dict]:
 
 
 def errors_markdown(rows: list[dict]) -> str:
-    order = {"vanilla": 0, "llds": 1, "llds_ma": 2}
-    rows = sorted(rows, key=lambda r: (order.get(r["mode"], 9), len(r["run"]), r["run"], r["window"]))
+    rows = sorted(rows, key=lambda r: (_mode_rank(r["mode"]), len(r["run"]), r["run"], r["window"]))
     out = ["| run | window | wrong | " + " | ".join(ERROR_KINDS) + " |", "|---" * (3 + len(ERROR_KINDS)) + "|"]
     for r in rows:
         out.append(f"| {r['run']} | {r['window']} | {r['wrong']:.0%} | "

@@ -75,9 +75,10 @@ def timeline(store: Path) -> None:
 
     with open_store_reader(store) as r:
         for _, run in r.runs().sort_values("name").iterrows():
-            s = r.steps(run.run_id).sort_values("step").set_index("step")
+            sig = r.signals(run.run_id)  # step rows (wall-clock columns included) with the metrics joined
+            s = sig.sort_values("step").set_index("step")
             start = s["time"].iloc[0] - pd.to_timedelta(s["step_time"].iloc[0], unit="s")
-            col = reward_collapse_step(r.signals(run.run_id))
+            col = reward_collapse_step(sig)
             when = ("no collapse" if col is None else
                     f"collapse at step {col}, {(s['time'].loc[col] - start).total_seconds() / 60:.1f} min after it started")
             print(f"{run['name']}: {len(s)} steps, median {s['step_time'].median():.2f} s per step; {when}")
