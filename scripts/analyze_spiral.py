@@ -173,13 +173,15 @@ def goal_markdown(rows: list[dict]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
+    from lld_monitor.detect.phases import ACCELERATION, DECAY, STAGNATION
+
     rows = sorted(rows, key=lambda r: (_mode_rank(r["mode"]), len(r["run"]), r["run"]))
     out = ["| run | reward start → peak (step) | trough (step) | last 10 | Δ preserved < 0 (share of steps, mean nats) "
            "| entropy max | grad-norm max | phases (detector): stagnation / decay / phase III | reward collapse |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ps = r["detector_phase_starts"]
-        phases = " / ".join(str(ps.get(k, "–")) for k in ("stagnation", "decay", "collapse"))
+        phases = " / ".join(str(ps.get(k, "–")) for k in (STAGNATION, DECAY, ACCELERATION))
         col = r["detector_collapse_step"]
         out.append(f"| {r['run']} | {r['reward_start']:.2f} → {r['reward_peak']:.2f} ({r['reward_peak_step']}) "
                    f"| {r['reward_trough']:.2f} ({r['reward_trough_step']}) | {r['reward_final']:.2f} "

@@ -42,6 +42,13 @@ def test_analyze_spiral_table_matches_the_stored_runs():
     for row, line in zip(sorted(rows, key=lambda x: {"vanilla": 0, "llds": 1, "llds_ma": 2}[x["mode"]]), table[2:]):
         col = row["detector_collapse_step"]
         assert line.rstrip(" |").endswith("–" if col is None else str(col))
+        # the phase column: stagnation / decay / phase III (acceleration) starts, as the detector named them
+        ps = row["detector_phase_starts"]
+        want = " / ".join(str(ps.get(k, "–")) for k in ("stagnation", "decay", "acceleration"))
+        assert line.split("|")[-3].strip() == want
+    # sample_runs' vanilla run went through phase III before its reward collapsed: the column must show it
+    vanilla = next(r for r in rows if r["mode"] == "vanilla")
+    assert "acceleration" in vanilla["detector_phase_starts"]
 
 
 @pytest.mark.skipif(not (SAMPLES / "store.json").exists(), reason="sample_runs/ has no store")
