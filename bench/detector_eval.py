@@ -12,6 +12,9 @@ LABELS (written before any tuning; from the run's own reward, the detector never
              the running maximum of the same 10-point trailing mean the collapse definition uses
   healthy    otherwise
   running    the store says the run is still running: listed, never counted (its outcome is not known)
+  stopped    the store says the run crashed (or was killed) before its last step and its reward had not
+             collapsed by then: listed, never counted (its outcome is not known; one that collapsed first
+             is a collapse)
 SPLIT (written before any tuning): the seed is the integer after "seed" in the run name
   (`vanilla-seed3`, `llds-seed4`, `probe-lr2e-3-seed7`); ODD seeds are the TUNING half, EVEN seeds the
   REPORTED half. A run without a seed in its name is "unsplit": listed, never counted in either half.
@@ -60,7 +63,7 @@ from lld_monitor.detect import (
 )
 from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral, to_verl
 
-LABELS = ("collapse", "degraded", "healthy", "running")
+LABELS = ("collapse", "degraded", "healthy", "running", "stopped")
 DEGRADED_LAST_POINTS = 20
 DEGRADED_FRAC = 0.8
 HALVES = ("tune", "report", "unsplit")
@@ -250,7 +253,7 @@ def summarize(rows: list[Row]) -> dict[str, dict[str, dict]]:
 
 
 # ------------------------------------------------------------------------------------------ sources
-Source = Iterator[tuple[str, str, str, pd.DataFrame, pd.DataFrame | None, bool]]  # ..., running?
+Source = Iterator[tuple[str, str, str, pd.DataFrame, pd.DataFrame | None, str]]  # ..., the store's run status
 
 
 def store_label(path: str) -> str:
@@ -260,7 +263,7 @@ def store_label(path: str) -> str:
 
 
 def load_store(path: str, only: list[str] | None, seen: set[tuple[str, str]]) -> Source:
-    """(name, store, mode, signals, samples-or-None, running) per run. The same run copied into two stores (same run id
+    """(name, store, mode, signals, samples-or-None, status) per run. The same run copied into two stores (same run id
     and start time) is evaluated once; runs of different stores that share an id are different runs."""
     from lld_monitor.store import open_store_reader
 
@@ -279,7 +282,7 @@ def load_store(path: str, only: list[str] | None, seen: set[tuple[str, str]]) ->
             has_verl = any(c.startswith("actor/") for c in sig.columns)
             samples = None if has_verl else r.samples(rec["run_id"])
             yield (str(rec["name"]), store_label(path), str(rec.get("mode")), sig, samples,
-                   str(rec.get("status")) == "running")
+                   str(rec.get("status")))
     finally:
         r.close()
 
@@ -289,18 +292,20 @@ def load_synthetic(n: int) -> Source:
     for seed in range(1, n + 1):
         noise = 1.0 + 0.5 * (seed % 2)
         yield (f"synthetic-spiral-seed{seed}", "synthetic", "vanilla", spiral(SpiralSpec(seed=seed, noise=noise)),
-               None, False)
-        yield f"synthetic-healthy-seed{seed}", "synthetic", "llds", healthy(seed=seed, noise=noise), None, False
+               None, "finished")
+        yield f"synthetic-healthy-seed{seed}", "synthetic", "llds", healthy(seed=seed, noise=noise), None, "finished"
 
 
 def evaluate_sources(sources: list[Source], cfg: DetectorConfig) -> tuple[list[Row], list[pd.DataFrame]]:
     rows: list[Row] = []
     frames: list[pd.DataFrame] = []
     for src in sources:
-        for name, store, mode, sig, samples, running in src:
+        for name, store, mode, sig, samples, status in src:
             lab = label_run(sig, cfg)
-            if running:
+            if status == "running":
                 lab = Label("running", lab.collapse_step, lab.decline_step, lab.peak, lab.last_mean)
+            elif status == "crashed" and lab.label != "collapse":
+                lab = Label("stopped", lab.collapse_step, lab.decline_step, lab.peak, lab.last_mean)
             frames.append(sig)
             verl = to_verl(sig) if store == "synthetic" else scalars_verl(sig, samples)
             for variant, df in (("full", sig), ("scalars-verl", verl), ("scalars-trl", scalars_trl(sig))):

@@ -95,3 +95,22 @@ def test_half_tune_hides_the_reported_half(tmp_path, capsys):
     assert "report" not in text and "tune" in text
     res = json.loads(out.read_text())
     assert set(res["summary"]) == {"tune"} and {r["half"] for r in res["rows"]} == {"tune"}
+
+
+def test_a_run_stopped_before_its_end_is_not_counted_unless_it_had_collapsed():
+    """A crashed or killed run has no known outcome: 20 calm steps must not count as a healthy run."""
+    cfg = DetectorConfig()
+    calm = _reward_run(np.full(20, 0.9))
+    collapsed = _reward_run(np.r_[np.full(80, 0.6), np.full(40, 0.05)])
+
+    def src():
+        yield "calm-seed2", "s", "llds", calm, None, "crashed"
+        yield "fell-seed2", "s", "vanilla", collapsed, None, "crashed"
+        yield "live-seed2", "s", "llds", calm, None, "running"
+        yield "done-seed2", "s", "llds", calm, None, "finished"
+
+    rows, _ = ev.evaluate_sources([src()], cfg)
+    labels = {r.run: r.label for r in rows if r.variant == "full"}
+    assert labels == {"calm-seed2": "stopped", "fell-seed2": "collapse", "live-seed2": "running", "done-seed2": "healthy"}
+    s = ev.summarize(rows)["report"]["full"]
+    assert s["healthy_runs"] == 1 and s["collapse_runs"] == 1
