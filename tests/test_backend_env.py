@@ -147,6 +147,23 @@ def test_world_is_deterministic_and_two_hop_needs_the_first_answer():
         assert q2 == a1 and a2 == q.answers[0] and a2 in text[q2]
 
 
+def test_unique_names_give_every_person_name_parts_of_their_own():
+    cfg = WorldConfig(n_people=120, n_orgs=20, n_cities=24, n_countries=8, unique_names=True)
+    w = build_world(cfg)
+    people = [d.title for d in w.documents if d.doc_id.startswith("person:")]
+    assert len(people) == 120
+    firsts, lasts = [p.split()[0] for p in people], [p.split()[1] for p in people]
+    assert len(set(firsts)) == len(set(lasts)) == 120 and not set(firsts) & set(lasts)
+    assert [q.question for q in build_world(cfg).questions] == [q.question for q in w.questions]
+    # the default pairs random first and last names, so a name part is shared by several people
+    shared = build_world(WorldConfig(n_people=120, n_orgs=20, n_cities=24, n_countries=8, n_first_names=20, n_last_names=20))
+    assert len({d.title.split()[0] for d in shared.documents if d.doc_id.startswith("person:")}) <= 20
+    with pytest.raises(ValueError, match="n_people exceeds"):
+        build_world(WorldConfig(n_people=500, n_first_names=20, n_last_names=20))
+    build_world(WorldConfig(n_people=500, n_first_names=20, n_last_names=20, n_orgs=20, n_cities=24, n_countries=8,
+                            unique_names=True))  # the name counts do not apply
+
+
 # ------------------------------------------------------------------ rollout with a scripted policy
 class _ScriptedLM:
     """A stand-in *policy* (not a mock of the environment): emits a fixed token script per row, so

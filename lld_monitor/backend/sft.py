@@ -54,6 +54,16 @@ class SFTConfig:
         return asdict(self)
 
 
+# Config fields added after the first checkpoints were keyed: part of the key only when they differ from
+# their default, so that every existing checkpoint (the shipped ones included) keeps its key.
+LATER_FIELDS = {"world": {"unique_names": False}}
+
+
+def _key_part(section: str, values: dict) -> dict:
+    later = LATER_FIELDS.get(section, {})
+    return {k: v for k, v in values.items() if not (k in later and v == later[k])}
+
+
 def cache_key(world: WorldConfig, model: ModelConfig, sft: SFTConfig, env: EnvConfig) -> str:
     import torch
 
@@ -61,7 +71,7 @@ def cache_key(world: WorldConfig, model: ModelConfig, sft: SFTConfig, env: EnvCo
     blob = json.dumps(
         {
             "version": WARMSTART_VERSION,
-            "world": world.to_dict(),
+            "world": _key_part("world", world.to_dict()),
             "model": model.to_dict(),
             "sft": sft.to_dict(),
             "env": env_part,

@@ -43,6 +43,11 @@ class WorldConfig:
     n_last_names: int = 50
     n_people: int = 2000
     two_hop_frac: float = 0.5  # fraction of questions that need two searches
+    # True: every person has a first and a last name no one else has (n_people of each are made and
+    # n_first_names / n_last_names are not used). False: people are random (first, last) pairs, so a
+    # name part is shared by about n_people / n_first_names people and copying a name means telling
+    # them apart.
+    unique_names: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,7 +106,7 @@ def _name_generator(rng: random.Random, used: set[str]):
 def build_world(config: WorldConfig | None = None) -> World:
     """Generate the documents and questions of a world (deterministic in `config`)."""
     cfg = config or WorldConfig()
-    if cfg.n_people > cfg.n_first_names * cfg.n_last_names:
+    if not cfg.unique_names and cfg.n_people > cfg.n_first_names * cfg.n_last_names:
         raise ValueError("n_people exceeds n_first_names * n_last_names; raise the name counts")
     if min(cfg.n_countries, cfg.n_cities, cfg.n_orgs, cfg.n_people) < 1:
         raise ValueError("every entity count in WorldConfig must be >= 1")
@@ -114,8 +119,12 @@ def build_world(config: WorldConfig | None = None) -> World:
     countries = [name(2, 3) for _ in range(cfg.n_countries)]
     cities = [name(2, 2) for _ in range(cfg.n_cities)]
     orgs = [name(2, 3) for _ in range(cfg.n_orgs)]
-    firsts = [name(2, 2) for _ in range(cfg.n_first_names)]
-    lasts = [name(2, 3) for _ in range(cfg.n_last_names)]
+    if cfg.unique_names:
+        firsts = [name(2, 2) for _ in range(cfg.n_people)]
+        lasts = [name(2, 3) for _ in range(cfg.n_people)]
+    else:
+        firsts = [name(2, 2) for _ in range(cfg.n_first_names)]
+        lasts = [name(2, 3) for _ in range(cfg.n_last_names)]
 
     # every country gets one capital among its cities; the rest are spread at random
     city_country = {}
@@ -124,9 +133,12 @@ def build_world(config: WorldConfig | None = None) -> World:
     capital = {countries[i]: cities[i] for i in range(len(countries))}
     org_city = {o: rng.choice(cities) for o in orgs}
     org_industry = {o: rng.choice(INDUSTRIES) for o in orgs}
-    pairs = [(f, l) for f in firsts for l in lasts]
-    rng.shuffle(pairs)
-    people = [f"{f} {l}" for f, l in pairs[: cfg.n_people]]
+    if cfg.unique_names:
+        people = [f"{f} {l}" for f, l in zip(firsts, lasts)]
+    else:
+        pairs = [(f, l) for f in firsts for l in lasts]
+        rng.shuffle(pairs)
+        people = [f"{f} {l}" for f, l in pairs[: cfg.n_people]]
     person_city = {p: rng.choice(cities) for p in people}
     person_org = {p: rng.choice(orgs) for p in people}
     person_prof = {p: rng.choice(PROFESSIONS) for p in people}
