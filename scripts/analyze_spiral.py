@@ -1,7 +1,7 @@
 """Summarize the spiral experiment: per run, peak/final reward, the detector's phase starts and the
 simple signal markers used in docs/backend.md.
 
-    .venv/bin/python scripts/analyze_spiral.py /work/experiments/spiral_store [--window 10] [--json | --markdown | --goal | --errors]
+    .venv/bin/python scripts/analyze_spiral.py /work/experiments/spiral_store [--window 10] [--json | --markdown | --goal | --errors | --groups]
 
 `--markdown` prints the run table of docs/backend.md (runs ordered by mode, then seed).
 
@@ -10,6 +10,12 @@ Markers (on a trailing `window`-step mean; baseline = the first window):
   for the next window;
 - entropy_surge_step: first step where entropy exceeds 1.5x its baseline;
 - reward_drop_step: first step where the smoothed reward is below 0.8x its running peak.
+
+`--groups`: what each step's updates do to each kind of response, per block of `--block` steps: the share of
+the block's responses of each kind and their mean same-token Δ (ln π_after − ln π_old, summed over the
+response's action tokens; nats per response). Kinds: `A0 correct` (a group that is all correct: Â = 0, no
+policy gradient of its own; LLDS preserves it), `A0 wrong` (all wrong: Â = 0 too, so GRPO never corrects
+it and LLDS preserves it as well), `Â > 0`, `Â < 0`.
 
 `--errors`: what the wrong responses got wrong, early (steps 20-59) and late (the last 50 steps), each
 wrong response put in the first kind that fits, checked against the run's own world (rebuilt from its
@@ -255,6 +261,41 @@ def error_rows(store: str) -> list[dict]:
     return out
 
 
+GROUP_KINDS = ("A0 correct", "A0 wrong", "Â > 0", "Â < 0")
+
+
+def group_rows(store: str, block: int = 20) -> list[dict]:
+    """Per finished run and block of `block` steps: share and mean Δ of each GROUP_KINDS (module doc)."""
+    from lld_monitor.store import open_store_reader
+
+    r = open_store_reader(store)
+    out = []
+    for _, run in r.runs().sort_values("name").iterrows():
+        if run.status != "finished":
+            continue
+        s = r.samples(run.run_id)
+        s = s.assign(d=s.logp_new_sum - s.logp_old_sum, blk=s.step // block * block,
+                     kind=[GROUP_KINDS[0] if a == 0 and w > 0 else GROUP_KINDS[1] if a == 0 else
+                           GROUP_KINDS[2] if a > 0 else GROUP_KINDS[3] for a, w in zip(s.advantage, s.reward)])
+        for blk, g in s.groupby("blk"):
+            row = {"run": run["name"], "mode": run["mode"], "steps": f"{blk}-{blk + block - 1}"}
+            for k in GROUP_KINDS:
+                gk = g[g.kind == k]
+                row[k] = (len(gk) / len(g), float(gk.d.mean()) if len(gk) else math.nan)
+            out.append(row)
+    r.close()
+    return out
+
+
+def groups_markdown(rows: list[dict]) -> str:
+    rows = sorted(rows, key=lambda r: (_mode_rank(r["mode"]), len(r["run"]), r["run"], int(r["steps"].split("-")[0])))
+    out = ["| run | steps | " + " | ".join(f"{k}: share, Δ" for k in GROUP_KINDS) + " |", "|---" * (2 + len(GROUP_KINDS)) + "|"]
+    for r in rows:
+        cells = [f"{r[k][0]:.0%}, " + ("–" if r[k][1] != r[k][1] else f"{r[k][1]:+.3f}") for k in GROUP_KINDS]
+        out.append(f"| {r['run']} | {r['steps']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def errors_markdown(rows: list[dict]) -> str:
     rows = sorted(rows, key=lambda r: (_mode_rank(r["mode"]), len(r["run"]), r["run"], r["window"]))
     out = ["| run | window | wrong | " + " | ".join(ERROR_KINDS) + " |", "|---" * (3 + len(ERROR_KINDS)) + "|"]
@@ -272,10 +313,15 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="the run table of docs/backend.md")
     ap.add_argument("--goal", action="store_true", help="the per-run goal table and the counts against the testbed's goal")
     ap.add_argument("--errors", action="store_true", help="what the wrong responses got wrong, early and late (module doc)")
+    ap.add_argument("--groups", action="store_true", help="what each step's updates do to each kind of response (module doc)")
+    ap.add_argument("--block", type=int, default=20, help="steps per row of --groups (default 20)")
     a = ap.parse_args()
     logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)  # the replayed alerts are not this table
     if a.errors:
         print(errors_markdown(error_rows(a.store)))
+        return
+    if a.groups:
+        print(groups_markdown(group_rows(a.store, a.block)))
         return
     rows = summarize(a.store, a.window)
     if a.goal:

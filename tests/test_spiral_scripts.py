@@ -122,6 +122,30 @@ def test_error_rows_count_the_wrong_responses_of_each_window():
 
 
 @pytest.mark.skipif(not (SAMPLES / "store.json").exists(), reason="sample_runs/ has no store")
+def test_group_rows_split_each_block_by_kind_of_response():
+    from lld_monitor.store import open_store_reader
+
+    mod = _load("analyze_spiral")
+    rows = mod.group_rows(str(SAMPLES), block=40)
+    with open_store_reader(SAMPLES) as r:
+        runs = r.runs().set_index("name")
+        for row in rows:
+            assert sum(row[k][0] for k in mod.GROUP_KINDS) == pytest.approx(1.0)
+            s = r.samples(runs.loc[row["run"], "run_id"])
+            lo = int(row["steps"].split("-")[0])
+            w = s[(s.step >= lo) & (s.step < lo + 40)]
+            a0c = w[(w.advantage == 0) & (w.reward > 0)]
+            assert row["A0 correct"][0] == pytest.approx(len(a0c) / len(w))
+            assert row["A0 correct"][1] == pytest.approx(float((a0c.logp_new_sum - a0c.logp_old_sum).mean()))
+    by = {(r["run"], r["steps"]): r for r in rows}
+    # what the sample runs show (docs/backend.md): vanilla's updates displace the all-correct groups it gives no
+    # gradient, LLDS's do not; and LLDS preserves all-wrong groups that vanilla displaces
+    assert by[("vanilla-seed1", "120-159")]["A0 correct"][1] < -0.3 < by[("llds-seed1", "120-159")]["A0 correct"][1]
+    assert by[("vanilla-seed1", "80-119")]["A0 wrong"][1] < 3 * by[("llds-seed1", "80-119")]["A0 wrong"][1] < 0
+    assert len(mod.groups_markdown(rows).splitlines()) == 2 + len(rows)
+
+
+@pytest.mark.skipif(not (SAMPLES / "store.json").exists(), reason="sample_runs/ has no store")
 def test_sample_runs_timeline_reports_the_collapse_minute(capsys):
     from lld_monitor.detect import reward_collapse_step
     from lld_monitor.store import open_store_reader
@@ -155,4 +179,29 @@ def test_probe_configs_load_and_are_listed():
     for p in probes:
         cfg = load_config(p)
         assert f"`{p.name}`" in readme
-        assert json.loads(p.read_text()) != base and cfg.grpo.loss_agg == base["grpo"]["loss_agg"]
+        assert json.loads(p.read_text()) != base and cfg.steps > 0
+
+
+@pytest.mark.slow
+def test_probe_displacement_measures_the_step_training_takes():
+    """The probe's vanilla arm is the step a vanilla run takes from the same state (restoring model, optimizer
+    and schedule loses nothing), and both arms see the same rollouts."""
+    from lld_monitor.backend.config import load_config
+    from lld_monitor.backend.grpo import Trainer
+
+    spec = importlib.util.spec_from_file_location("probe_displacement", ROOT / "scripts" / "probe_displacement.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = str(ROOT / "scripts" / "spiral_config.json")
+    res = mod.probe(config, pre=2, probes=2, heldout=40, progress=False)
+    assert res["heldout_correct"] > 0 and [r["step"] for r in res["steps"]] == [2, 3]
+    tr = Trainer(load_config(config, mode="vanilla", seed=1), str(ROOT), "direct", progress=False)
+    smp = [tr.step(s)["samples"] for s in range(3)][2]
+    want = mod.arm_figures(smp["logp_new_sum"] - smp["logp_old_sum"], smp["advantage"], smp["reward"])
+    got = res["steps"][0]["vanilla"]
+    for k, v in want.items():
+        assert got[k] == v or (v != v and got[k] != got[k]), (k, got[k], v)
+    for row in res["steps"]:
+        assert row["vanilla"]["reward"] == row["llds"]["reward"]
+        assert all(abs(row[a]["held"]) < float("inf") and 0 <= row[a]["fell"] <= 1 for a in ("vanilla", "llds"))
+    assert "| mean |" in mod.summary(res)
