@@ -121,7 +121,37 @@ def test_lr_warmup_and_seq_mean_loss_are_used(tmp_path, tiny_config):
     r.close()
 
 
-@pytest.mark.parametrize("bad", [{"loss_agg": "sum"}, {"warmup_steps": -1}])
+@pytest.mark.slow
+def test_embed_lr_scale_freezes_or_slows_the_token_embedding(tmp_path, tiny_config):
+    """grpo.embed_lr_scale 0 leaves the (tied) embedding as the warm start left it while the rest trains;
+    another value gives the embedding its own optimizer group at that multiple of the lr."""
+    import torch
+
+    from lld_monitor.backend.config import load_config
+    from lld_monitor.backend.grpo import Trainer
+
+    cfg = json.loads(tiny_config.read_text())
+    cfg["grpo"]["embed_lr_scale"] = 0.0
+    p = tmp_path / "frozen.json"
+    p.write_text(json.dumps(cfg))
+    tr = Trainer(load_config(p, steps=1, seed=1), str(tmp_path / "store"), "frozen", progress=False)
+    emb0 = tr.model.get_input_embeddings().weight.detach().clone()
+    rest0 = [q.detach().clone() for q in tr.model.parameters() if q.requires_grad]
+    tr.train()
+    assert torch.equal(tr.model.get_input_embeddings().weight, emb0)
+    assert tr.model.get_output_embeddings().weight is tr.model.get_input_embeddings().weight
+    moved = [not torch.equal(a, b) for a, b in zip(rest0, [q for q in tr.model.parameters() if q.requires_grad])]
+    assert any(moved)
+
+    cfg["grpo"].update({"embed_lr_scale": 0.5, "lr": 0.001})
+    p.write_text(json.dumps(cfg))
+    tr = Trainer(load_config(p, steps=0, seed=1), str(tmp_path / "store2"), "half", progress=False)
+    lrs = sorted(grp["lr"] for grp in tr.opt.param_groups)
+    assert lrs == pytest.approx([0.0005, 0.001])
+    assert tr.opt.param_groups[1]["params"] == [tr.model.get_input_embeddings().weight]
+
+
+@pytest.mark.parametrize("bad", [{"loss_agg": "sum"}, {"warmup_steps": -1}, {"embed_lr_scale": -1}])
 def test_bad_grpo_settings_are_clear_errors(bad):
     from lld_monitor.backend.config import config_from_dict
 

@@ -39,6 +39,9 @@ class GRPOConfig:
     kl_coef: float = 0.0  # k3 KL to the frozen reference; 0 = no KL term (the reference is still logged)
     entropy_coef: float = 0.0  # entropy bonus (verl's entropy_coeff)
     grad_clip: float = 1.0
+    # lr multiplier of the token embedding (tied to the output head); 0 freezes it. Adam moves a rare
+    # token's row by about lr per coordinate whenever it gets any gradient, whatever its size.
+    embed_lr_scale: float = 1.0
     log_ref: bool = True  # forward the frozen reference each step (logp_ref, KL, verl ref metrics)
 
 
@@ -96,6 +99,8 @@ class TrainConfig:
         n = g.prompts_per_step * g.group_size
         if g.loss_agg not in LOSS_AGGS:
             raise ValueError(f"grpo.loss_agg must be one of {LOSS_AGGS}, got {g.loss_agg!r}")
+        if g.embed_lr_scale < 0:
+            raise ValueError("grpo.embed_lr_scale must be >= 0 (0 freezes the embedding)")
         if g.warmup_steps < 0:
             raise ValueError("grpo.warmup_steps must be >= 0")
         if g.group_size < 2:

@@ -158,13 +158,14 @@ class Trainer:
             self.ref = copy.deepcopy(self.model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
+        g = cfg.grpo
+        params = self._param_groups(g)
         self.ddp = self.model
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        g = cfg.grpo
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
+        self.opt = torch.optim.AdamW(params, lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
         # verl's schedule: linear warm-up over `warmup_steps` GRPO steps, then constant
         # (Search-R1's official GRPO run warms up over 286 of its 1005 steps)
         warm = g.warmup_steps  # >= 0, checked by TrainConfig
@@ -402,6 +403,17 @@ class Trainer:
             vals = [p[k] for p in parts]
             out[k] = np.concatenate([np.asarray(v) for v in vals]) if not isinstance(vals[0], list) else sum(vals, [])
         return out
+
+    def _param_groups(self, g):
+        """The optimizer's parameters: one group, or the token embedding apart at `g.embed_lr_scale` x lr."""
+        if g.embed_lr_scale == 1.0:
+            return list(self.model.parameters())
+        emb = self.model.get_input_embeddings().weight
+        rest = [p for p in self.model.parameters() if p is not emb]
+        if g.embed_lr_scale == 0:
+            emb.requires_grad_(False)  # tied: the output head is frozen with it
+            return rest
+        return [{"params": rest}, {"params": [emb], "lr": g.lr * g.embed_lr_scale}]
 
     def train(self, steps: int | None = None, on_step=None) -> str:
         from tqdm import tqdm
