@@ -95,14 +95,14 @@ def _first(mask: pd.Series) -> int | None:
     return int(idx[0]) if len(idx) else None
 
 
-def summarize(store: str, window: int = 10) -> list[dict]:
+def summarize(store: str, window: int = 10, stopped: bool = False) -> list[dict]:
     from lld_monitor.detect import detect_run, reward_collapse_step
     from lld_monitor.store import open_store_reader
 
     r = open_store_reader(store)
     out = []
     for _, run in r.runs().sort_values("name").iterrows():
-        if run.status != "finished" or int(run.steps) < window:
+        if (run.status != "finished" and not stopped) or int(run.steps) < window:
             print(f"skipped {run['name']}: {run.status}, {int(run.steps)} steps", file=sys.stderr)
             continue
         raw = r.signals(run.run_id)
@@ -123,7 +123,8 @@ def summarize(store: str, window: int = 10) -> list[dict]:
             "seed": _seed(run["name"]), "collapse_step": collapse, "reward_last20": last20,
             "holds": collapse is None and last20 >= HOLD_FRAC * float(rew.loc[peak_step]),
             **order_of_events(sm, collapse, window),
-            "run": run["name"], "run_id": run.run_id, "mode": run["mode"], "steps": int(run.steps),
+            "run": run["name"] if run.status == "finished" else f"{run['name']} ({run.status} at {int(run.steps)} steps)",
+            "run_id": run.run_id, "mode": run["mode"], "steps": int(run.steps),
             "reward_start": float(rew.dropna().iloc[0]),
             "reward_peak": float(rew.loc[peak_step]), "reward_peak_step": peak_step,
             "reward_final": float(sig["reward_mean"].iloc[-window:].mean()),
@@ -315,6 +316,8 @@ def main() -> None:
     ap.add_argument("--errors", action="store_true", help="what the wrong responses got wrong, early and late (module doc)")
     ap.add_argument("--groups", action="store_true", help="what each step's updates do to each kind of response (module doc)")
     ap.add_argument("--block", type=int, default=20, help="steps per row of --groups (default 20)")
+    ap.add_argument("--stopped", action="store_true",
+                    help="also summarize runs stopped before their last step (marked so; their outcome is partial)")
     a = ap.parse_args()
     logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)  # the replayed alerts are not this table
     if a.errors:
@@ -323,7 +326,7 @@ def main() -> None:
     if a.groups:
         print(groups_markdown(group_rows(a.store, a.block)))
         return
-    rows = summarize(a.store, a.window)
+    rows = summarize(a.store, a.window, a.stopped)
     if a.goal:
         print(goal_markdown(rows))
         print()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,3 +206,21 @@ def test_probe_displacement_measures_the_step_training_takes():
         assert row["vanilla"]["reward"] == row["llds"]["reward"]
         assert all(abs(row[a]["held"]) < float("inf") and 0 <= row[a]["fell"] <= 1 for a in ("vanilla", "llds"))
     assert "| mean |" in mod.summary(res)
+
+
+def test_analyze_spiral_includes_stopped_runs_only_when_asked(tmp_path):
+    """A run killed before its last step is skipped by default (its outcome is unknown); `--stopped`
+    summarizes it, marked with its status and step count."""
+    from lld_monitor.logger import RunLogger
+
+    mod = _load("analyze_spiral")
+    rng = np.random.default_rng(0)
+    for name, status in (("vanilla-seed1", "finished"), ("llds-seed1", "crashed")):
+        lg = RunLogger(tmp_path, name, name.split("-")[0], detector=False)
+        for step in range(30):
+            lg.log_step(step, {"reward_mean": 0.8 + 0.05 * rng.standard_normal(), "ll_correct_mean": -0.05,
+                               "delta_preserved": 0.0, "entropy": 0.1, "grad_norm": 1.0})
+        lg.close(status=status)
+    assert [r["run"] for r in mod.summarize(str(tmp_path))] == ["vanilla-seed1"]
+    runs = sorted(r["run"] for r in mod.summarize(str(tmp_path), stopped=True))
+    assert runs == ["llds-seed1 (crashed at 30 steps)", "vanilla-seed1"]
