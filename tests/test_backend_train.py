@@ -295,3 +295,22 @@ def test_model_path_trains_a_local_hf_model(tmp_path, tiny_config):
     assert len(r.samples(r.runs().run_id[0])) == 12
     r.close()
     assert main(["train", "--model", str(tmp_path / "nope"), "--steps", "1", "--store", str(store)]) == 2
+
+
+@pytest.mark.slow
+def test_warmstart_launched_twice_at_once_is_trained_once(tmp_path, tiny_config):
+    """Two trainers started together on a new setting: one trains the checkpoint, the other waits and
+    loads it (an flock next to the cache), so both get the same files and only one 'training' line."""
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout);"
+        "from lld_monitor.backend.config import load_config; from lld_monitor.backend.sft import warmstart;"
+        f"c = load_config({str(tiny_config)!r}); print('CKPT', warmstart(c.world, c.model, c.sft, c.env)[2])"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sum(o.count("training one (once)") for o in outs) == 1, outs
+    ckpts = {line.split()[-1] for o in outs for line in o.splitlines() if line.startswith("CKPT")}
+    assert len(ckpts) == 1 and (Path(ckpts.pop()) / "model.safetensors").is_file()
+    assert not [d for d in (tmp_path / "cache" / "warmstart").iterdir() if d.is_dir() and d.name.startswith(".")]

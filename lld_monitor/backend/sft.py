@@ -15,6 +15,7 @@ to the user cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -174,16 +175,62 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     key = cache_key(world_cfg, model_cfg, sft, env)
-    for base in (ASSETS, user_cache_dir() / "warmstart"):
-        d = base / key
-        if (d / "config.json").is_file() and (d / "tokenizer.json").is_file():
-            log.info("warm start: using cached checkpoint %s", d)
-            tok = PreTrainedTokenizerFast.from_pretrained(d)
-            model = AutoModelForCausalLM.from_pretrained(d, attn_implementation=model_cfg.attn_implementation)
-            return model, tok, d
-    world = world or build_world(world_cfg)
+
+    def load(d: Path):
+        log.info("warm start: using cached checkpoint %s", d)
+        tok = PreTrainedTokenizerFast.from_pretrained(d)
+        return tok, AutoModelForCausalLM.from_pretrained(d, attn_implementation=model_cfg.attn_implementation)
+
+    def cached() -> Path | None:
+        for base in (ASSETS, user_cache_dir() / "warmstart"):
+            d = base / key
+            if (d / "config.json").is_file() and (d / "tokenizer.json").is_file():
+                return d
+        return None
+
+    if (d := cached()) is not None:
+        tok, model = load(d)
+        return model, tok, d
     final = user_cache_dir() / "warmstart" / key
     final.parent.mkdir(parents=True, exist_ok=True)
+    # Trainers launched together on a new setting (a seeds x modes experiment) would each train the
+    # same checkpoint; an exclusive lock makes the first one train it and the others wait and load it.
+    with _exclusive_lock(final.parent / f".{key}.lock"):
+        if (d := cached()) is not None:
+            tok, model = load(d)
+            return model, tok, d
+        _train_into_cache(world or build_world(world_cfg), model_cfg, sft, env, key, final)
+    tok, model = load(final)
+    return model, tok, final
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path):
+    """An inter-process lock on `path` (flock; a no-op where fcntl does not exist)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a") as fh:
+        if not _try_flock(fcntl, fh):
+            log.info("warm start: another process holds %s (training this checkpoint); waiting for it", path)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _try_flock(fcntl, fh) -> bool:
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _train_into_cache(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, key: str, final: Path):
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
     log.info("warm start: no cached checkpoint for key %s; training one (once)", key)
     try:
@@ -197,6 +244,3 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    tok = PreTrainedTokenizerFast.from_pretrained(final)
-    model = AutoModelForCausalLM.from_pretrained(final, attn_implementation=model_cfg.attn_implementation)
-    return model, tok, final
