@@ -179,7 +179,8 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
     def load(d: Path):
         log.info("warm start: using cached checkpoint %s", d)
         tok = PreTrainedTokenizerFast.from_pretrained(d)
-        return tok, AutoModelForCausalLM.from_pretrained(d, attn_implementation=model_cfg.attn_implementation)
+        model = AutoModelForCausalLM.from_pretrained(d, attn_implementation=model_cfg.attn_implementation)
+        return model, tok, d
 
     def cached() -> Path | None:
         for base in (ASSETS, user_cache_dir() / "warmstart"):
@@ -189,19 +190,16 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
         return None
 
     if (d := cached()) is not None:
-        tok, model = load(d)
-        return model, tok, d
+        return load(d)
     final = user_cache_dir() / "warmstart" / key
     final.parent.mkdir(parents=True, exist_ok=True)
     # Trainers launched together on a new setting (a seeds x modes experiment) would each train the
     # same checkpoint; an exclusive lock makes the first one train it and the others wait and load it.
     with _exclusive_lock(final.parent / f".{key}.lock"):
-        if (d := cached()) is not None:
-            tok, model = load(d)
-            return model, tok, d
-        _train_into_cache(world or build_world(world_cfg), model_cfg, sft, env, key, final)
-    tok, model = load(final)
-    return model, tok, final
+        if (d := cached()) is None:
+            _train_into_cache(world or build_world(world_cfg), model_cfg, sft, env, key, final)
+            d = final
+    return load(d)
 
 
 @contextlib.contextmanager
