@@ -76,7 +76,7 @@ import logging
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +92,8 @@ __all__ = [
     "displacement_summary",
     "grpo_advantages",
     "llds_loss",
+    "llds_token_flags",
+    "LLDSTokens",
     "logprobs_and_entropy",
     "ppo_clip_loss",
     "token_entropy",
@@ -659,26 +661,31 @@ def _resolve_beta(cfg: LLDSConfig, valid_searches_mean: float | None) -> float |
     return None if cfg.answer_weight is None else float(cfg.answer_weight)
 
 
-def llds_loss(
+class _LLDSTerms(NamedTuple):
+    """What :func:`llds_loss` computes before it normalizes (one implementation of the gates and weights)."""
+
+    zero: Tensor
+    n_tok: Tensor  # [B] action tokens per response
+    pre_resp: Tensor  # [B] bool: Y_pre
+    gate: Tensor  # [B, T] bool: preserved action token whose gate is open
+    weight: Tensor  # [B, T] gate · w (β on the answer span under LLDS-MA)
+    d: Tensor  # [B, T] detached d = ln π_old − ln π_θ on preserved action tokens (> 0: fell), 0 elsewhere
+    penalty: Tensor  # [B, T] p = weight · max(0, d), carries the gradient
+    penalized: Tensor  # [B, T] bool: weight > 0 and d > 0 (a positive penalty)
+    act_open: Tensor  # [B, A] bool
+    resp_open: Tensor  # [B] bool
+    beta: float | None
+
+
+def _llds_terms(
     logp: Tensor,
     logp_old: Tensor,
     advantages: Tensor,
     action_mask: Tensor,
-    cfg: LLDSConfig | None = None,
-    answer_mask: Tensor | None = None,
-    valid_searches_mean: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """L_LLDS (or L_LLDS-MA) — λ NOT included. See the module docstring for the formulas.
-
-    logp: current ln π_θ on the response tokens (carries the gradient); logp_old: the rollout
-    policy's (detached internally); advantages [B] (or verl-style [B, T], row-constant);
-    answer_mask [B, T]: needed for LLDS-MA (see :func:`answer_span_mask`).
-
-    Stats: llds_raw (the loss value), n_penalized_tokens (tokens with a positive penalty),
-    n_gated_actions (preserved actions whose gate is open; for gate="token", actions with ≥ 1
-    falling token), n_gated_responses, n_preserved (|Y_pre|), beta (1.0 for plain LLDS).
-    """
-    cfg = cfg if cfg is not None else LLDSConfig()
+    cfg: LLDSConfig,
+    answer_mask: Tensor | None,
+    valid_searches_mean: float | None,
+) -> _LLDSTerms:
     _check_2d("logp", logp)
     _check_2d("logp_old", logp_old, logp)
     m = _as_bool_mask("action_mask", action_mask, logp)
@@ -718,6 +725,60 @@ def llds_loss(
         am = _as_bool_mask("answer_mask", answer_mask, logp).to(logp.device)
         weight = torch.where(am, weight * beta, weight)
     penalty = weight * base  # [B, T] ≥ 0
+    penalized = (weight > 0) & (d_det > 0)
+    return _LLDSTerms(zero, n_tok, pre_resp, tok_gate, weight, d_det, penalty, penalized, act_open, resp_open, beta)
+
+
+class LLDSTokens(NamedTuple):
+    """Per-token view of the LLDS term (:func:`llds_token_flags`), all detached, ``[B, T]``."""
+
+    gated: Tensor  # bool: action token of a preserved response whose gate (action / response / token) is open
+    penalized: Tensor  # bool: gated, weight > 0 and its likelihood fell (d > 0): the tokens n_penalized_tokens counts
+    penalty: Tensor  # float: p_{i,t,k} = gate · w · max(0, d), before normalization (0 off the penalized tokens)
+
+
+def llds_token_flags(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    cfg: LLDSConfig | None = None,
+    answer_mask: Tensor | None = None,
+    valid_searches_mean: float | None = None,
+) -> LLDSTokens:
+    """Which tokens :func:`llds_loss` gates and penalizes, with the same arguments and the same code path.
+
+    ``penalized.sum()`` equals ``llds_loss(...)[1]["n_penalized_tokens"]``; ``penalty`` summed per response and
+    normalized by ``cfg.norm`` gives ``llds_raw``. No gradient is built.
+    """
+    cfg = cfg if cfg is not None else LLDSConfig()
+    with torch.no_grad():
+        t = _llds_terms(logp, logp_old, advantages, action_mask, cfg, answer_mask, valid_searches_mean)
+        return LLDSTokens(t.gate, t.penalized, t.penalty)
+
+
+def llds_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    cfg: LLDSConfig | None = None,
+    answer_mask: Tensor | None = None,
+    valid_searches_mean: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """L_LLDS (or L_LLDS-MA) — λ NOT included. See the module docstring for the formulas.
+
+    logp: current ln π_θ on the response tokens (carries the gradient); logp_old: the rollout
+    policy's (detached internally); advantages [B] (or verl-style [B, T], row-constant);
+    answer_mask [B, T]: needed for LLDS-MA (see :func:`answer_span_mask`).
+
+    Stats: llds_raw (the loss value), n_penalized_tokens (tokens with a positive penalty),
+    n_gated_actions (preserved actions whose gate is open; for gate="token", actions with ≥ 1
+    falling token), n_gated_responses, n_preserved (|Y_pre|), beta (1.0 for plain LLDS).
+    """
+    cfg = cfg if cfg is not None else LLDSConfig()
+    t = _llds_terms(logp, logp_old, advantages, action_mask, cfg, answer_mask, valid_searches_mean)
+    zero, n_tok, pre_resp, penalty = t.zero, t.n_tok, t.pre_resp, t.penalty
 
     if cfg.norm == "response":
         n_pre = pre_resp.sum()
@@ -729,10 +790,10 @@ def llds_loss(
     with torch.no_grad():
         stats = {
             "llds_raw": float(loss),
-            "n_penalized_tokens": float(((weight > 0) & (d_det > 0)).sum()),
-            "n_gated_actions": float(act_open.sum()),
-            "n_gated_responses": float(resp_open.sum()),
+            "n_penalized_tokens": float(t.penalized.sum()),
+            "n_gated_actions": float(t.act_open.sum()),
+            "n_gated_responses": float(t.resp_open.sum()),
             "n_preserved": float(pre_resp.sum()),
-            "beta": 1.0 if beta is None else float(beta),
+            "beta": 1.0 if t.beta is None else float(t.beta),
         }
     return loss, stats
