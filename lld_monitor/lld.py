@@ -43,8 +43,16 @@ Normalization:
     norm="response" (paper, default):  L = (1/|Y_pre|) Σ_{i∈Y_pre} (1 / Σ_t |y_{i,t}|) Σ_{t,k} p_{i,t,k}
     norm="token_mean" (official code): L = Σ_{i,t,k} p_{i,t,k} / (number of action tokens of ALL
                                         responses in the batch, Â < 0 ones included)
+    norm="seq_mean":                   L = (1/|Y|) Σ_{i∈Y_pre} (1 / Σ_t |y_{i,t}|) Σ_{t,k} p_{i,t,k}
+                                        (Y = the responses with ≥ 1 action token, Â < 0 ones included)
 
-Both give 0 when nothing is in the denominator. Total loss (Eq. 6): L_total = L_GRPO + λ·L_LLDS;
+All give 0 when nothing is in the denominator.
+
+Micro-batches and ranks: the denominator is a count over the *global* batch (the one optimizer step).
+``llds_loss(..., normalizer=N)`` divides by a given N instead of this batch's own count; with N the
+global count (:func:`llds_normalizer` summed over the micro-batches of every rank), the micro-batch
+values add up exactly to the global batch's value, so the effective λ does not depend on how the batch
+is split. Without ``normalizer`` (one batch, one optimizer step) the batch's own count is used. Total loss (Eq. 6): L_total = L_GRPO + λ·L_LLDS;
 :func:`llds_loss` returns L_LLDS *without* λ (``LLDSConfig.lam`` is for the caller).
 
 ∂L/∂ln π_θ(y_{i,t,k}) = −g·w/norm_i < 0 on penalized tokens (d > 0, gate open, w > 0), so a gradient
@@ -92,6 +100,7 @@ __all__ = [
     "displacement_summary",
     "grpo_advantages",
     "llds_loss",
+    "llds_normalizer",
     "llds_token_flags",
     "LLDSTokens",
     "logprobs_and_entropy",
@@ -104,7 +113,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 GATES = ("action", "response", "token")
-NORMS = ("response", "token_mean")
+NORMS = ("response", "token_mean", "seq_mean")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 BETA_RULES = ("paper", "code")
 SINGLETON_RULES = ("zero", "verl")
@@ -590,7 +599,8 @@ class LLDSConfig:
     gate: "action" (A-gate, paper v2 default) | "response" (R-gate) | "token" (ungated, Eq. 9).
     norm: "response" (paper: per preserved response, by its action-token count, then mean over
           preserved responses) | "token_mean" (official code: sum over the batch / all action tokens,
-          Â < 0 responses included in the denominator).
+          Â < 0 responses included in the denominator) | "seq_mean" (per preserved response as
+          "response", then divided by the number of all responses with an action token).
     answer_weight: None = plain LLDS; a float = LLDS-MA with fixed β (0 exempts the answer span).
     adaptive_beta: None | "paper" (β = min(V/v_base, 1)) | "code" (β = min(max(V − v_base + 1, 0), 1));
           V = mean valid searches. With both set, answer_weight is the code's multiplier ω.
@@ -757,6 +767,31 @@ def llds_token_flags(
         return LLDSTokens(t.gate, t.penalized, t.penalty)
 
 
+def llds_normalizer(advantages: Tensor, action_mask: Tensor, norm: str) -> int:
+    """This batch's LLDS denominator for ``norm``: |Y_pre| ("response"), its action tokens ("token_mean"),
+    its responses with ≥ 1 action token ("seq_mean"). Summed over the micro-batches of every rank it is the
+    global ``normalizer`` of :func:`llds_loss`."""
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    m = _as_bool_mask("action_mask", action_mask)
+    n_tok = m.sum(dim=1)
+    if norm == "token_mean":
+        return int(n_tok.sum())
+    if norm == "seq_mean":
+        return int((n_tok > 0).sum())
+    adv = _response_advantages(advantages, m.shape[0], m).to(m.device)
+    return int(((adv >= 0) & (n_tok > 0)).sum())
+
+
+def _check_normalizer(normalizer: float | None) -> float | None:
+    if normalizer is None:
+        return None
+    n = float(normalizer)
+    if not (math.isfinite(n) and n >= 0):
+        raise ValueError(f"normalizer must be a finite count ≥ 0 (the global batch's llds_normalizer), got {normalizer!r}")
+    return max(n, 1.0)
+
+
 def llds_loss(
     logp: Tensor,
     logp_old: Tensor,
@@ -765,27 +800,36 @@ def llds_loss(
     cfg: LLDSConfig | None = None,
     answer_mask: Tensor | None = None,
     valid_searches_mean: float | None = None,
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """L_LLDS (or L_LLDS-MA) — λ NOT included. See the module docstring for the formulas.
 
     logp: current ln π_θ on the response tokens (carries the gradient); logp_old: the rollout
     policy's (detached internally); advantages [B] (or verl-style [B, T], row-constant);
     answer_mask [B, T]: needed for LLDS-MA (see :func:`answer_span_mask`).
+    normalizer: the global batch's denominator (:func:`llds_normalizer` summed over every micro-batch
+    and rank) when this batch is one micro-batch of it; None (default) = this batch's own count.
 
     Stats: llds_raw (the loss value), n_penalized_tokens (tokens with a positive penalty),
     n_gated_actions (preserved actions whose gate is open; for gate="token", actions with ≥ 1
     falling token), n_gated_responses, n_preserved (|Y_pre|), beta (1.0 for plain LLDS).
     """
     cfg = cfg if cfg is not None else LLDSConfig()
+    norm_n = _check_normalizer(normalizer)
     t = _llds_terms(logp, logp_old, advantages, action_mask, cfg, answer_mask, valid_searches_mean)
     zero, n_tok, pre_resp, penalty = t.zero, t.n_tok, t.pre_resp, t.penalty
 
-    if cfg.norm == "response":
-        n_pre = pre_resp.sum()
+    if cfg.norm in ("response", "seq_mean"):
         per_resp = penalty.sum(dim=1) / n_tok.clamp(min=1)
-        loss = torch.where(pre_resp, per_resp, zero).sum() / n_pre.clamp(min=1)
+        if norm_n is not None:
+            denom = norm_n
+        elif cfg.norm == "response":
+            denom = pre_resp.sum().clamp(min=1)
+        else:  # seq_mean: every response with an action token, Â < 0 included
+            denom = (n_tok > 0).sum().clamp(min=1)
+        loss = torch.where(pre_resp, per_resp, zero).sum() / denom
     else:  # token_mean: all action tokens of the batch in the denominator, Â < 0 included
-        loss = penalty.sum() / n_tok.sum().clamp(min=1)
+        loss = penalty.sum() / (n_tok.sum().clamp(min=1) if norm_n is None else norm_n)
 
     with torch.no_grad():
         stats = {
