@@ -91,6 +91,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
+    "NOISE_FLOOR",
     "DisplacementStats",
     "LLDSConfig",
     "action_index",
@@ -102,6 +103,7 @@ __all__ = [
     "llds_loss",
     "llds_normalizer",
     "llds_token_flags",
+    "max_abs_displacement",
     "LLDSTokens",
     "logprobs_and_entropy",
     "ppo_clip_loss",
@@ -442,6 +444,25 @@ def displacement_summary(
                 }
             )
     return out
+
+
+# |Δ| at or below this on every action token: the "old" and the current log-probs are one policy up to
+# recomputation noise (float32 on one device, same batch shapes: ~1e-7; bf16 / another batch layout can be larger)
+NOISE_FLOOR = 1e-4
+
+
+def max_abs_displacement(logp_new: Tensor, logp_old: Tensor, action_mask: Tensor) -> float:
+    """max |ln π_new − ln π_old| over the action tokens (0.0 without any). At or below a noise floor
+    (:data:`NOISE_FLOOR`) the two log-probs come from the same parameters and Δ is numerical noise: the LLDS term
+    would push up the likelihood of whichever tokens the noise lowered, at full λ (its gradient does not shrink
+    with |Δ|)."""
+    _check_2d("logp_new", logp_new)
+    _check_2d("logp_old", logp_old, logp_new)
+    m = _as_bool_mask("action_mask", action_mask, logp_new)
+    with torch.no_grad():
+        diff = torch.where(m, (logp_new.detach().float() - logp_old.detach().float()).abs(),
+                           torch.zeros((), device=logp_new.device))
+        return float(diff.max()) if diff.numel() else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
