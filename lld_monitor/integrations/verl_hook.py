@@ -11,6 +11,20 @@ Run verl through it (same Hydra overrides as ``python -m verl.trainer.main_ppo``
 
     python -m lld_monitor.integrations.verl_hook trainer.use_v1=False +trainer.lld_store=lld_runs ...
 
+How the trainer gets into the Ray actor: verl builds ``RayPPOTrainer`` inside ``TaskRunner.run``, a Ray actor
+method. Ray ships an actor class that is not importable by name *by value* (cloudpickle; verl's ``TaskRunner`` name
+is bound to the Ray wrapper, not the class), and a function shipped by value reads a private copy of its module
+globals, so setting ``main_ppo_v0.RayPPOTrainer`` on the driver, or in a subclass shipped by value, never reaches
+it. :class:`LLDTaskRunner` is a plain module-level class (Ray ships it by reference, the worker imports this
+module); in the worker it rebinds ``RayPPOTrainer`` in the globals of verl's ``TaskRunner.run`` as imported
+there, then runs it. It checks that verl's ``run`` still reads that name (else :class:`UnsupportedVerlError`),
+and the trainer says in the worker's log that it is active.
+
+The extra ``compute_log_prob`` pass is one more forward pass of the actor over the step's batch (docs/integrations.md
+states its cost). It runs inside verl's ``timing_s/update_actor`` timer, and is logged on its own as
+``timing_s/lld_post_update_log_prob`` with ``perf/lld_post_update_log_prob_share`` = its time / the time of
+verl's update alone (both in verl's metrics and in the run store).
+
 Bypass mode (``algorithm.rollout_correction.bypass_mode=true``) sets ``old_log_probs = rollout_log_probs``:
 Δ then measures the rollout-engine / trainer mismatch plus the update, not LLD alone; the run's config says
 so (``lld_bypass_mode``) and a warning is logged.
@@ -21,13 +35,15 @@ Search-R1's older ``RayPPOTrainer.fit()`` has no ``_update_actor``; add the same
     new = self.actor_rollout_wg.compute_log_prob(batch).batch["old_log_probs"]
     log_verl_step(logger, self.global_steps, batch, new, tokenizer=self.tokenizer)
 
-What needs Ray and GPUs (a real verl run through this trainer) is not run in this repository's tests; the
-tests drive `step_payload` and the `_update_actor` override on verl's real `DataProto` with CPU tensors.
+Tested on CPU: verl's real ``run_ppo`` → Ray actor → ``TaskRunner.run`` builds this trainer and it writes rows
+(tests/test_integrations_verl_ray.py; worker groups and the generation loop stubbed); not run here: GPUs, a rollout
+engine (vLLM / SGLang), several nodes.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from verl import DataProto
+from verl.trainer import main_ppo_v0
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from lld_monitor import lld
@@ -42,6 +59,13 @@ from lld_monitor.aggregates import sample_sums_from_tokens
 from lld_monitor.store.schema import ROLE_ACTION, ROLE_TOOL
 
 log = logging.getLogger(__name__)
+
+TIMING_KEY = "timing_s/lld_post_update_log_prob"
+SHARE_KEY = "perf/lld_post_update_log_prob_share"
+
+
+class UnsupportedVerlError(RuntimeError):
+    """The installed verl does not build its trainer where the hook puts LLDRayPPOTrainer."""
 
 
 def _cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
@@ -56,6 +80,15 @@ def _cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
 def is_bypass_mode(config: Any) -> bool:
     """verl's bypass mode: old_log_probs = rollout_log_probs (Δ is then not LLD alone)."""
     return bool(_cfg_get(config, "algorithm.rollout_correction.bypass_mode", False))
+
+
+def on_policy_share(config: Any) -> float:
+    """The share of a step's actor mini-batch updates that see the parameters old_log_probs came from:
+    1 / (ppo_epochs × train_batch_size / ppo_mini_batch_size). On those, Δ inside the loss is recomputation noise."""
+    train = float(_cfg_get(config, "data.train_batch_size", 1) or 1)
+    mini = float(_cfg_get(config, "actor_rollout_ref.actor.ppo_mini_batch_size", train) or train)
+    epochs = float(_cfg_get(config, "actor_rollout_ref.actor.ppo_epochs", 1) or 1)
+    return 1.0 / max(epochs * max(train / mini, 1.0), 1.0)
 
 
 def step_payload(
@@ -127,10 +160,23 @@ class LLDRayPPOTrainer(RayPPOTrainer):
     def __init__(self, *args: Any, lld_logger: Any = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.lld_logger = lld_logger
+        self._lld_owns_logger = lld_logger is None
         self.lld_bypass = is_bypass_mode(self.config)
+        log.warning("lld-monitor: LLDRayPPOTrainer is the trainer; each step's samples and tokens go to store %s",
+                    _cfg_get(self.config, "trainer.lld_store", "lld_runs") if lld_logger is None else "(your logger)")
         if self.lld_bypass:
             log.warning("verl bypass mode: old_log_probs are the rollout engine's, so the displacement lld-monitor "
                         "logs measures the rollout / trainer mismatch plus the update, not LLD alone")
+        if _cfg_get(self.config, "actor_rollout_ref.actor.policy_loss.loss_mode") == "llds":
+            share = on_policy_share(self.config)
+            if share >= 1.0:
+                log.warning("lld-monitor LLDS: one mini-batch and one epoch per step, so every actor update is "
+                            "on-policy: inside the loss Δ is recomputation noise and LLDS has nothing to preserve "
+                            "(the noise gate llds_noise_floor skips it where |Δ| is below the floor). Use "
+                            "ppo_mini_batch_size < train_batch_size or ppo_epochs > 1 for LLDS to act.")
+            else:
+                log.info("lld-monitor LLDS: %.0f%% of the actor mini-batch updates are on-policy (Δ = noise there)",
+                         100 * share)
 
     def _lld_logger(self) -> Any:
         if self.lld_logger is None:
@@ -144,29 +190,70 @@ class LLDRayPPOTrainer(RayPPOTrainer):
         return self.lld_logger
 
     def _update_actor(self, batch: DataProto) -> DataProto:
+        t0 = time.perf_counter()
         out = super()._update_actor(batch)
+        t_update = time.perf_counter() - t0
         try:
+            t1 = time.perf_counter()
             new, _ = self._compute_old_log_prob(batch)  # after the update: ln π_new on the same tokens
+            t_extra = time.perf_counter() - t1
+            timing = {TIMING_KEY: t_extra, SHARE_KEY: t_extra / t_update if t_update > 0 else float("nan")}
+            metrics = out.meta_info.setdefault("metrics", {})
+            metrics.update(timing)  # verl reduces and logs them with the actor's metrics
             scalars = {"verl_bypass_mode": 1.0} if self.lld_bypass else {}
             log_verl_step(self._lld_logger(), self.global_steps, batch, new.batch["old_log_probs"],
-                          getattr(self, "tokenizer", None), scalars)
+                          getattr(self, "tokenizer", None), {**scalars, **timing})
         except Exception:  # noqa: BLE001 - monitoring must never stop training
             log.exception("lld-monitor: could not log verl step %s", getattr(self, "global_steps", "?"))
         return out
 
+    def fit(self) -> Any:
+        """verl's fit; then the run is closed as finished (crashed if fit raised), before Ray tears the actor down."""
+        try:
+            out = super().fit()
+        except BaseException:
+            self._lld_close("crashed")
+            raise
+        self._lld_close("finished")
+        return out
 
-def _task_runner() -> Any:
-    """verl's legacy TaskRunner (a Ray actor) with `LLDRayPPOTrainer` in place of `RayPPOTrainer`, swapped
-    inside the actor's own process."""
+    def _lld_close(self, status: str) -> None:
+        if self._lld_owns_logger and self.lld_logger is not None:
+            try:
+                self.lld_logger.close(status)
+            except Exception:  # noqa: BLE001
+                log.exception("lld-monitor: could not close the run")
+
+
+def install_trainer(run: Any) -> None:
+    """Make verl's ``TaskRunner.run`` (the function object Ray actually runs) build LLDRayPPOTrainer: rebind the
+    name in *its* globals (a copy when Ray shipped the class by value, verl's module dict otherwise)."""
+    fn = getattr(run, "__func__", run)
+    if "RayPPOTrainer" not in getattr(fn, "__code__", None).co_names:
+        raise UnsupportedVerlError(
+            "verl's TaskRunner.run no longer builds RayPPOTrainer by that name, so lld-monitor's verl hook cannot "
+            "put its trainer there (supported: verl 0.9.1 with trainer.use_v1=False). Log from your own trainer "
+            "with lld_monitor.integrations.verl_hook.log_verl_step instead."
+        )
+    fn.__globals__["RayPPOTrainer"] = LLDRayPPOTrainer
+
+
+class LLDTaskRunner:
+    """The Ray actor that runs verl's legacy ``TaskRunner.run`` with LLDRayPPOTrainer as the trainer.
+
+    A plain module-level class, not a subclass of verl's TaskRunner: Ray ships it by reference (the worker imports
+    this module), and verl's TaskRunner is imported *in the worker* and run there, so nothing of verl's is shipped
+    by value (a by-value copy of verl's methods reads copied globals and, for ``super()``, a copied class)."""
+
+    def run(self, config: Any) -> Any:
+        base = main_ppo_v0.TaskRunner.__ray_actor_class__  # verl's class, from the worker's own import
+        install_trainer(base.run)
+        return base().run(config)
+
+
+def task_runner() -> Any:
+    """The Ray actor class to pass as verl's ``run_ppo(config, task_runner_class=...)``."""
     import ray  # noqa: PLC0415
-    from verl.trainer import main_ppo_v0  # noqa: PLC0415
-
-    base = main_ppo_v0.TaskRunner.__ray_actor_class__
-
-    class LLDTaskRunner(base):  # type: ignore[misc, valid-type]
-        def run(self, config: Any) -> Any:
-            main_ppo_v0.RayPPOTrainer = LLDRayPPOTrainer
-            return super().run(config)
 
     return ray.remote(num_cpus=1)(LLDTaskRunner)
 
@@ -181,9 +268,14 @@ def main() -> None:  # pragma: no cover - needs Ray and GPUs
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 
+    # under `python -m` this file is __main__, whose classes Ray would ship by value: take the named module's
+    import importlib  # noqa: PLC0415
+
+    hook = importlib.import_module("lld_monitor.integrations.verl_hook")
+
     @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
     def _main(config: Any) -> None:
-        run_ppo(config, task_runner_class=_task_runner())
+        run_ppo(config, task_runner_class=hook.task_runner())
 
     _main()
 
@@ -192,4 +284,5 @@ if __name__ == "__main__":  # pragma: no cover
     main()
 
 
-__all__ = ["LLDRayPPOTrainer", "is_bypass_mode", "log_verl_step", "step_payload"]
+__all__ = ["SHARE_KEY", "TIMING_KEY", "LLDRayPPOTrainer", "LLDTaskRunner", "UnsupportedVerlError", "install_trainer",
+           "is_bypass_mode", "log_verl_step", "on_policy_share", "step_payload", "task_runner"]
