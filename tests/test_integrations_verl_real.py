@@ -129,6 +129,10 @@ def test_driver_hook_writes_tokens_with_tool_role(tmp_path, monkeypatch):
     trainer.lld_logger = RunLogger(str(tmp_path / "s"), "verl-hook", "vanilla", {}, source="verl")
     out = trainer._update_actor(data)
     assert calls == ["update", "compute_log_prob"] and "metrics" in out.meta_info
+    # the extra pass has its own timing key among the actor metrics verl logs (it runs inside update_actor's timer)
+    from lld_monitor.integrations.verl_hook import SHARE_KEY, TIMING_KEY
+
+    assert out.meta_info["metrics"][TIMING_KEY] >= 0 and SHARE_KEY in out.meta_info["metrics"]
     trainer.lld_logger.close()
     with open_store_reader(tmp_path / "s") as r:
         run = r.runs().iloc[0]
@@ -146,3 +150,16 @@ def test_driver_hook_writes_tokens_with_tool_role(tmp_path, monkeypatch):
         assert np.allclose(sm["delta_sum"], -0.05 * mask.sum(1).numpy(), atol=1e-5)  # tool tokens excluded
         st = r.steps(run["run_id"]).set_index("step")
         assert st.loc[7, "frac_responses_displaced"] == 1.0
+
+
+def test_on_policy_share_from_the_config():
+    """1 / (ppo_epochs x mini-batches per step): the share of actor updates whose Δ is recomputation noise."""
+    from lld_monitor.integrations.verl_hook import on_policy_share
+
+    def cfg(train, mini, epochs):
+        return {"data": {"train_batch_size": train},
+                "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini, "ppo_epochs": epochs}}}
+
+    assert on_policy_share(cfg(256, 256, 1)) == 1.0
+    assert on_policy_share(cfg(256, 64, 1)) == 0.25
+    assert on_policy_share(cfg(256, 128, 2)) == 0.25
