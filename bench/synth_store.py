@@ -53,7 +53,8 @@ class SynthConfig:
     finish: bool = True
     seed: int = 0
     config: dict = field(default_factory=lambda: {"lr": 1e-5, "group_size": 5, "model": "tiny", "seed": 0})
-    write_alerts: bool = True  # run the detector offline and store its alerts (as the online detector would)
+    write_alerts: bool = True  # run the online detector as RunLogger does: its alerts and state checkpoints stored
+    checkpoint_every: int = 500  # detector checkpoints every k steps (0 = none, like a run of an older version)
     step_sleep: float = 0.0  # seconds between steps (a live writer for tests)
 
 
@@ -179,6 +180,7 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
     # step times: wall clock for a live writer, else one second apart ending now
     now = np.datetime64(datetime.now(timezone.utc).replace(tzinfo=None), "us")
     start = now - np.timedelta64(cfg.steps * 1_000_000, "us")
+    recorder = _recorder(cfg) if cfg.write_alerts else None
     it = range(cfg.steps)
     if progress:
         from tqdm import tqdm
@@ -194,7 +196,11 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
         row["delta_preserved"] = [float(np.mean(samples["delta_sum"][samples["advantage"] >= 0]))
                                   if (samples["advantage"] >= 0).any() else None]
         w.append("steps", row)
-        w.append("metrics", {"step": [i, i], "key": ["custom/loss_scale", "timing/gen"], "value": [1.0, 0.1 + 0.01 * i]})
+        metrics = {"custom/loss_scale": 1.0, "timing/gen": 0.1 + 0.01 * i}
+        w.append("metrics", {"step": [i, i], "key": list(metrics), "value": list(metrics.values())})
+        if recorder is not None:  # what RunLogger's writer thread does with the step row and the metrics
+            signals = {k: v[0] for k, v in row.items() if k not in ("step", "time", "n_samples") and v[0] is not None}
+            _detect_step(w, recorder, i, {**signals, **metrics}, cfg.checkpoint_every)
         if cfg.samples:
             w.append("samples", samples)
         if tokens is not None and cfg.samples:
@@ -203,8 +209,8 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
             w.flush()
         if cfg.step_sleep:
             time.sleep(cfg.step_sleep)
-    if cfg.write_alerts:
-        _write_alerts(w, store)
+    if recorder is not None and recorder.pending and cfg.checkpoint_every:
+        w.append("detector_state", recorder.checkpoint())
     if cfg.finish:
         w.finish()
     else:
@@ -212,20 +218,23 @@ def write_run(store: str | Path, cfg: SynthConfig, progress: bool = False) -> st
     return w.run_id
 
 
-def _write_alerts(w: RunWriter, store) -> None:
+def _recorder(cfg: SynthConfig):
     try:
-        from lld_monitor.detect import detect_run
-        from lld_monitor.store import open_store_reader
+        from lld_monitor.detect import OnlineDetector
+        from lld_monitor.detect.checkpoint import CheckpointRecorder
     except ImportError:
         log.info("detector not available: no alerts stored")
-        return
-    w.flush()
-    with open_store_reader(str(store)) as r:
-        res = detect_run(r.signals(w.run_id))
-    rows = [{"step": a.step, "phase": a.phase, "severity": a.severity, "signal": a.signal, "value": a.value,
-             "threshold": a.threshold, "message": a.message} for a in res.alerts]
-    if rows:
+        return None
+    return CheckpointRecorder(OnlineDetector(), every=max(1, cfg.checkpoint_every))
+
+
+def _detect_step(w: RunWriter, recorder, step: int, signals: dict, checkpoint_every: int) -> None:
+    alerts = recorder.update(step, signals)
+    if alerts:
+        rows = [a.to_dict() for a in alerts]
         w.append("alerts", {k: [r[k] for r in rows] for k in rows[0]})
+    if checkpoint_every and recorder.due:
+        w.append("detector_state", recorder.checkpoint())
 
 
 def write_pair(store: str | Path, steps: int = 200, **kw) -> tuple[str, str]:

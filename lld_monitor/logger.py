@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from .aggregates import derive_sample_columns, sample_sums_from_tokens, step_aggregates, to_numpy
 from .detect import OnlineDetector, load_detector_config
+from .detect.checkpoint import CHECKPOINT_EVERY, CheckpointRecorder
 from .store import RunWriter, WriterConfig, schema
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class RunLogger:
         detector: bool = True,
         detector_config: Any = None,
         wandb: Any = None,
+        detector_checkpoint_every: int = CHECKPOINT_EVERY,
         queue_size: int = 256,
         handle_signals: bool = True,
         writer_config: WriterConfig | None = None,
@@ -188,6 +190,10 @@ class RunLogger:
         _ROLES_ARROW.take(pa.array([0]))
         pa.repeat(pa.scalar("x"), 2)
         self._detector = OnlineDetector(detector_cfg) if detector_cfg is not None else None
+        # the detector's state, alerts and phases go to the `detector_state` table every N steps and at the end,
+        # so a reader replays only the steps after the last checkpoint (lld_monitor/detect/checkpoint.py)
+        self._checkpoints = (CheckpointRecorder(self._detector, every=detector_checkpoint_every)
+                             if self._detector is not None else None)
         self._wandb = self._make_wandb(wandb) if (wandb is not None and wandb is not False and rank == 0) else None
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._abort_status: str | None = None
@@ -272,9 +278,11 @@ class RunLogger:
                     item = self._q.get(timeout=min(wait, 0.5) if wait > 0 else 0.001)
             except queue.Empty:
                 if self._abort_status is not None:
+                    self._final_checkpoint()
                     return  # drained after SIGTERM; the handler finishes the writer
                 item = None
             if item is _STOP:
+                self._final_checkpoint()
                 self._q.task_done()
                 return
             if item is not None:
@@ -330,12 +338,16 @@ class RunLogger:
             if it.tokens is not None and self._token_step(it.step):
                 self._append_tokens(it.step, cols, it.tokens)
         alerts: list[Any] = []
-        if self._detector is not None and signals:
+        if self._checkpoints is not None and self.rank == 0:
+            # every step row goes through the detector (a row without signals is no update, but a reader's
+            # replay sees it too: the checkpoint digest covers exactly the rows stored)
             try:
-                alerts = list(self._detector.update(it.step, signals))
+                alerts = list(self._checkpoints.update(it.step, signals))
+                if self._checkpoints.due:
+                    w.append("detector_state", self._checkpoints.checkpoint())
             except Exception:  # noqa: BLE001
                 log.exception("online detector failed at step %d; disabled for run %s", it.step, self.run_id)
-                self._detector = None
+                self._detector = self._checkpoints = None
             if alerts:
                 recs = [schema.alert_record(a) for a in alerts]
                 w.append("alerts", {c: [r[c] for r in recs] for c in schema.ALERT_COLUMNS})
@@ -346,6 +358,14 @@ class RunLogger:
                 log.exception("W&B export failed at step %d; disabled for run %s", it.step, self.run_id)
                 self._wandb = None
         self.steps_logged += 1
+
+    def _final_checkpoint(self) -> None:
+        """The detector's state after the last step (writer thread, before the writer finishes)."""
+        if self._checkpoints is not None and self._checkpoints.pending:
+            try:
+                self._writer.append("detector_state", self._checkpoints.checkpoint())
+            except Exception:  # noqa: BLE001 - the run's data matters more than a checkpoint
+                log.exception("run %s: final detector checkpoint not written", self.run_id)
 
     def _wandb_forward(self, step: int, signals: dict[str, float], alerts: list[Any]) -> None:
         ex = self._wandb

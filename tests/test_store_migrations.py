@@ -47,7 +47,8 @@ def test_reader_reads_v0_without_writing(tmp_path):
     r = open_store_reader(tmp_path)
     assert r.schema_version == 0
     row = r.run("old run")
-    assert (row["source"], row["world_size"], row["schema_version"], row["status"]) == ("local", 1, 1, "finished")
+    assert (row["source"], row["world_size"], row["schema_version"], row["status"]) == ("local", 1, schema.SCHEMA_VERSION,
+                                                                                       "finished")
     assert row["steps"] == 2 and row["last_step"] == 1
     smp = r.samples("old-run")
     assert list(smp.columns)[: len(schema.SAMPLES.names)] == list(schema.SAMPLES.names)
@@ -66,7 +67,8 @@ def test_writer_migrates_v0_and_keeps_old_data(tmp_path):
     assert json.loads((tmp_path / "store.json").read_text())["schema_version"] == schema.SCHEMA_VERSION
     assert json.loads((tmp_path / "store.json.v0.bak").read_text()) == {"format": "lld-monitor-store"}
     migrated = json.loads((tmp_path / "runs" / "old-run" / "run.json").read_text())
-    assert migrated["schema_version"] == 1 and migrated["world_size"] == 1 and migrated["source"] == "local"
+    assert migrated["schema_version"] == schema.SCHEMA_VERSION and migrated["world_size"] == 1
+    assert migrated["source"] == "local"
     assert (tmp_path / "runs" / "old-run" / "run.json.v0.bak").exists()
     r = open_store_reader(tmp_path)
     assert r.schema_version == schema.SCHEMA_VERSION
@@ -79,5 +81,27 @@ def test_writer_migrates_v0_and_keeps_old_data(tmp_path):
 def test_upgrade_run_record_is_pure():
     rec = {"run_id": "a", "name": "a", "mode": "vanilla", "status": "finished", "started_at": "2026-01-01T00:00:00+00:00"}
     up = upgrade_run_record(rec, 0)
-    assert "schema_version" not in rec and up["schema_version"] == 1 and up["updated_at"] == rec["started_at"]
-    assert upgrade_run_record(up, 1) == up
+    assert "schema_version" not in rec and up["schema_version"] == schema.SCHEMA_VERSION
+    assert up["updated_at"] == rec["started_at"]
+    assert upgrade_run_record(up, schema.SCHEMA_VERSION) == up
+
+
+def test_v1_store_reads_with_no_detector_state_and_migrates_to_v2(tmp_path):
+    """v2 only adds the detector_state table: a v1 store (e.g. sample_runs/ before it is regenerated) reads as is,
+    its runs have no checkpoints, and a writer bumps it to v2 keeping backups."""
+    w = RunWriter.create(tmp_path, "v1 run", "vanilla")
+    w.append("steps", {"step": [0, 1], "reward_mean": [0.1, 0.2]})
+    w.finish()
+    run_json = tmp_path / "runs" / w.run_id / "run.json"
+    (tmp_path / "store.json").write_text(json.dumps({"format": "lld-monitor-store", "schema_version": 1}))
+    run_json.write_text(json.dumps({**json.loads(run_json.read_text()), "schema_version": 1}))
+    before = _snapshot(tmp_path)
+    r = open_store_reader(tmp_path)
+    assert r.schema_version == 1 and r.detector_state(w.run_id).empty
+    assert r.steps(w.run_id)["reward_mean"].tolist() == [0.1, 0.2]
+    assert _snapshot(tmp_path) == before, "a reader never writes"
+    RunWriter.create(tmp_path, "v2 run", "llds").finish()
+    assert json.loads((tmp_path / "store.json").read_text())["schema_version"] == 2 == schema.SCHEMA_VERSION
+    assert json.loads(run_json.read_text())["schema_version"] == 2
+    assert json.loads((run_json.parent / "run.json.v1.bak").read_text())["schema_version"] == 1
+    assert open_store_reader(tmp_path).steps(w.run_id)["reward_mean"].tolist() == [0.1, 0.2]

@@ -46,7 +46,7 @@ from .phases import (
     STAGNATION,
     phase_level,
 )
-from .signals import SIGNALS, Candidate, first_present
+from .signals import SIGNAL_CANDIDATES, SIGNALS, Candidate, first_present
 from .stats import fast_median, robust_sigma, theil_sen
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,22 @@ class _Track:
         if self.track_peak and self.n >= max(self.smooth_window, self.peak_after):
             self.smooth_peak = max(self.smooth_peak, self.smoothed())
 
+    def to_state(self) -> dict:
+        """What this track knows, as JSON-safe values (the source as its rank among the signal's candidates)."""
+        return {"steps": list(self.steps), "values": list(self.values), "rank": self.rank if self.source else None,
+                "n": self.n, "smooth_peak": self.smooth_peak, "last_step": self.last_step}
+
+    def load_state(self, state: Mapping, candidates: tuple[Candidate, ...]) -> None:
+        self.steps.clear()
+        self.values.clear()
+        self.steps.extend(int(x) for x in state["steps"])
+        self.values.extend(float(x) for x in state["values"])
+        rank = state["rank"]
+        self.source, self.rank = (None, 10**9) if rank is None else (candidates[int(rank)], int(rank))
+        self.n = int(state["n"])
+        self.smooth_peak = float(state["smooth_peak"])
+        self.last_step = None if state["last_step"] is None else int(state["last_step"])
+
     def smoothed(self) -> float:
         k = min(self.smooth_window, len(self.values))
         return fast_median(list(self.values)[-k:])
@@ -145,6 +161,17 @@ class _RewardCollapse:
         self.streak = 0
         self.collapse_step: int | None = None
         self.below = False
+
+    _STATE = ("smoothed", "peak", "streak_start", "streak", "collapse_step", "below")
+
+    def to_state(self) -> dict:
+        return {"window": list(self.window), **{k: getattr(self, k) for k in self._STATE}}
+
+    def load_state(self, state: Mapping) -> None:
+        self.window.clear()
+        self.window.extend(float(x) for x in state["window"])
+        for k in self._STATE:
+            setattr(self, k, state[k])
 
     def add(self, step: int, r: float) -> bool:
         """Feed one finite reward; True when the collapse is confirmed at this point."""
@@ -175,6 +202,15 @@ class _Latch:
         self.active = False
         self.episode_open = False  # a 'suspected' info alert was sent for the current run of evidence
         self.quiet = 0  # consecutive updates without any (suspected or confirmed) evidence
+
+    _STATE = ("on", "off", "active", "episode_open", "quiet")
+
+    def to_state(self) -> dict:
+        return {k: getattr(self, k) for k in self._STATE}
+
+    def load_state(self, state: Mapping) -> None:
+        for k in self._STATE:
+            setattr(self, k, state[k])
 
     def feed(self, cond: bool) -> tuple[bool, bool]:
         """Returns (entered, left) for this update."""
@@ -238,6 +274,39 @@ class OnlineDetector:
             signal_sources=self.signal_sources,
             phase_changes=list(self.phase_changes),
         )
+
+    def to_state(self) -> dict:
+        """Everything needed to carry on exactly where this detector is, as JSON-safe values (floats kept
+        exactly; NaN and +/-inf need JSON's NaN / Infinity extension). `alerts` and `phase_changes` grow with
+        the run and are left out: a checkpoint stores them as deltas (lld_monitor.detect.checkpoint)."""
+        return {
+            "tracks": {name: tr.to_state() for name, tr in self._tracks.items()},
+            "reward": self._reward.to_state(),
+            "latches": {lvl: latch.to_state() for lvl, latch in self._latches.items()},
+            "n_updates": self._n_updates, "last_step": self._last_step, "cooldown": dict(self._cooldown),
+            "phase": self.phase, "phase_starts": dict(self.phase_starts), "collapse_step": self.collapse_step,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping, cfg: DetectorConfig | None = None, alerts: list[Alert] | None = None,
+                   phase_changes: list[tuple[int, str]] | None = None) -> "OnlineDetector":
+        """A detector in the state `to_state()` returned (with the config it ran with), its past `alerts` and
+        `phase_changes` put back; updating it gives what the original would have given."""
+        det = cls(cfg)
+        for name, tr in det._tracks.items():
+            tr.load_state(state["tracks"][name], SIGNAL_CANDIDATES[name])
+        det._reward.load_state(state["reward"])
+        for lvl, latch in det._latches.items():
+            latch.load_state(state["latches"][lvl])
+        det._n_updates = int(state["n_updates"])
+        det._last_step = None if state["last_step"] is None else int(state["last_step"])
+        det._cooldown = {str(k): int(v) for k, v in state["cooldown"].items()}
+        det.phase = str(state["phase"])
+        det.phase_starts = {str(k): int(v) for k, v in state["phase_starts"].items()}
+        det.collapse_step = None if state["collapse_step"] is None else int(state["collapse_step"])
+        det.alerts = list(alerts or [])
+        det.phase_changes = [(int(s), str(p)) for s, p in (phase_changes or [])]
+        return det
 
     def update(self, step: int, signals: Mapping[str, object]) -> list[Alert]:
         step = int(step)

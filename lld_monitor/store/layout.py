@@ -1,10 +1,12 @@
 """Where things live inside a store folder, and the small atomic-JSON helpers both sides use.
 
 ```
-<store>/store.json                        {"format": "lld-monitor-store", "schema_version": 1}
+<store>/store.json                        {"format": "lld-monitor-store", "schema_version": 2}
 <store>/runs/<run_id>/run.json            the runs-table row (written by rank 0; a placeholder by any rank)
 <store>/runs/<run_id>/manifest-r<R>.json  rank R's writer (pid, host, heartbeat, status) + live segments
 <store>/runs/<run_id>/<table>/r<R>-<seq>-L<level>.parquet   append-only Parquet segments (temp name + os.replace)
+<store>/runs/<run_id>/detector_cache/<config>.parquet   a dashboard's full detector replay of a run with no usable
+                                          checkpoint (imported / old runs), one detector_state row (store/detector_cache.py)
 ```
 """
 
@@ -25,7 +27,8 @@ STORE_FORMAT = "lld-monitor-store"
 RUNS_DIR = "runs"
 RUN_FILE = "run.json"
 MANIFEST_PREFIX = "manifest-r"
-DATA_TABLES = ("steps", "metrics", "samples", "tokens", "alerts")
+DETECTOR_CACHE_DIR = "detector_cache"
+DATA_TABLES = ("steps", "metrics", "samples", "tokens", "alerts", "detector_state")
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

@@ -6,6 +6,9 @@ A store's version lives in `store.json` (`schema_version`). This module knows ev
 - **v0** (the pre-release layout): `store.json` had no `schema_version`; `run.json` had no
   `schema_version`, `world_size`, `updated_at` or `source` fields.
 - **v1**: the layout in `layout.py`; every run record carries all `schema.RUNS` fields.
+- **v2**: a new data table, `detector_state` (the online detector's checkpoints, `schema.DETECTOR_STATE`), and
+  the `detector_cache/` folder of a run. Nothing existing changes: a v1 run simply has no checkpoints (the
+  dashboard replays its detector once and caches the result beside it). Run records only get the new version.
 
 Two ways to apply a migration:
 - `upgrade_run_record(rec, from_version)`: pure, in memory. Readers use it, so a read-only reader can
@@ -42,8 +45,12 @@ def _v0_to_v1_run(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
+def _v1_to_v2_run(rec: dict[str, Any]) -> dict[str, Any]:
+    return {**rec, "schema_version": 2}  # v2 only adds a table: nothing in the record changes
+
+
 # version N -> function turning a version-N run record into a version-(N+1) one
-RUN_RECORD_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1_run}
+RUN_RECORD_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1_run, 1: _v1_to_v2_run}
 
 
 def store_version(meta: Any, where: Path) -> int:

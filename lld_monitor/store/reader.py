@@ -21,9 +21,10 @@ from typing import Any
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from . import layout, liveness, migrations, schema
-from .convert import schema_fingerprint
+from . import detector_cache, layout, liveness, migrations, schema
+from .convert import conform, schema_fingerprint
 from .errors import RunNotFoundError, StoreError
 from .storedir import inspect_store
 
@@ -384,6 +385,20 @@ class StoreReader:
 
     def alerts(self, run_id: str) -> pd.DataFrame:
         return self._run_query(run_id, "alerts", "SELECT * FROM {src} ORDER BY step")
+
+    def detector_state(self, run_id: str) -> pd.DataFrame:
+        """The detector's checkpoints of the run (written online by RunLogger) and the dashboard's cache of a full
+        replay (`detector_cache`), by lineage and seq: what `lld_monitor.detect.checkpoint.resume` reads."""
+        own = self._run_query(run_id, "detector_state", "SELECT * FROM {src} ORDER BY lineage, seq, step")
+        cached = []
+        for f in detector_cache.cache_files(layout.run_dir(self.path, run_id)):
+            try:  # one small file; a damaged one is skipped (the detector then replays), never an error
+                cached.append(conform(pq.read_table(f), schema.DETECTOR_STATE).to_pandas())
+            except (OSError, pa.ArrowException) as e:
+                log.warning("run %s: detector cache %s unreadable (%s); ignored", run_id, Path(f).name, e)
+        if not cached:
+            return own
+        return pd.concat([own, *cached] if len(own) else cached, ignore_index=True)
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run read-only SQL over views runs, steps, metrics, samples, tokens, alerts (all runs). Use ? params."""

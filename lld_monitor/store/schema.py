@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from lld_monitor import signals
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: the detector_state table (migrations.py)
 
 MODES = ("vanilla", "llds", "llds_ma", "unknown")  # stored spelling; input may say llds-ma
 SOURCES = ("local", "trl", "wandb", "verl")
@@ -125,6 +125,23 @@ ALERTS = pa.schema(
 
 ALERT_COLUMNS: tuple[str, ...] = tuple(c for c in ALERTS.names if c != "run_id")
 
+# detector_state: checkpoints of the online detector (rank 0; lld_monitor/detect/checkpoint.py), so a reader replays
+# only the steps after the last one it can trust. Never read by anything but the detector's resume; JSON is opaque here.
+DETECTOR_STATE = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("step", pa.int64()),  # the last step the detector had consumed
+        ("lineage", pa.string()),  # one detector's life (a RunLogger, or a dashboard's full replay: "cache-...")
+        ("seq", pa.int64()),  # 0, 1, 2, ... within the lineage
+        ("config", pa.string()),  # fingerprint of the DetectorConfig it ran with
+        ("digest", pa.string()),  # chained SHA-256 of the rows it consumed (hex)
+        ("rows", pa.int64()),  # rows consumed so far
+        ("state", pa.string()),  # JSON: OnlineDetector.to_state()
+        ("alerts", pa.string()),  # JSON: alerts raised since the lineage's previous checkpoint
+        ("phase_changes", pa.string()),  # JSON: [step, phase] changes since the previous checkpoint
+    ]
+)
+
 
 def alert_record(alert: Any) -> dict[str, Any]:
     """An alert (detector dataclass, mapping or object with the fields) as {column: value} over ALERT_COLUMNS."""
@@ -152,4 +169,5 @@ TABLES: dict[str, pa.Schema] = {
     "samples": SAMPLES,
     "tokens": TOKENS,
     "alerts": ALERTS,
+    "detector_state": DETECTOR_STATE,
 }

@@ -114,7 +114,9 @@ class Detection:
     """What the pages need from the detector, with a readable `error` instead of an exception.
 
     `phase_by_step` (columns step, phase) is the detector's phase after each step; phases can recur
-    (e.g. collapse -> decay -> collapse), which the bands keep.
+    (e.g. collapse -> decay -> collapse), which the bands keep. `resumed_step`: the step of the detector
+    checkpoint the result was restored from (None: replayed from the first step); `replayed`: steps fed to the
+    detector for this result.
     """
 
     phase: str | None = None
@@ -123,6 +125,8 @@ class Detection:
     alerts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ALERT_COLUMNS))
     phase_by_step: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["step", "phase"]))
     error: str | None = None
+    resumed_step: int | None = None
+    replayed: int = 0
 
 
 def detect(signals: pd.DataFrame) -> Detection:
@@ -131,9 +135,28 @@ def detect(signals: pd.DataFrame) -> Detection:
     return DetectionTracker().update(signals)
 
 
+CACHE_MIN_ROWS = 2000
+"""A full replay of at least this many steps is cached beside the run (shorter ones replay in well under a second)."""
+
+
+def phase_series(steps: np.ndarray, phase_changes: list[tuple[int, str]], initial: str = "healthy") -> np.ndarray:
+    """The phase after each of `steps` (sorted) from the detector's (step, phase entered) changes: the phase of
+    the last change at or before the step, `initial` before the first."""
+    if not phase_changes:
+        return np.full(len(steps), initial, dtype=object)
+    at = np.asarray([s for s, _ in phase_changes], dtype="int64")
+    names = np.asarray([initial] + [p for _, p in phase_changes], dtype=object)
+    return names[np.searchsorted(at, steps, side="right")]
+
+
 class DetectionTracker:
-    """The detector kept warm for one live run: each `update(signals)` feeds only the steps after the last one
-    it saw (the detector is online), so a refresh costs O(new steps), not a replay of the whole run.
+    """The detector kept warm for one run: each `update(signals)` feeds only the steps after the last one it saw
+    (the detector is online), so a refresh costs O(new steps), not a replay of the whole run.
+
+    Its first update restores the detector from the run's checkpoints when one matches the stored rows
+    (`checkpoints`: the reader's `detector_state(run_id)` frame, or a function returning it;
+    lld_monitor.detect.checkpoint) and replays only the steps after it; without one it replays the run and hands
+    the result to `cache` (e.g. to store it beside the run). The result is always the full replay's.
     Thread-safe; resets itself when the run's rows no longer extend what it saw (e.g. a re-import)."""
 
     def __init__(self) -> None:
@@ -143,49 +166,79 @@ class DetectionTracker:
     @property
     def warm(self) -> bool:
         """True once it has seen steps (an update then only costs the new ones)."""
-        return bool(self._steps)
+        return self._last is not None
 
     def _reset(self) -> None:
         self._det = None
-        self._steps: list[int] = []
-        self._phases: list[str] = []
+        self._last: int | None = None  # the last step fed to the detector
         self._first: int | None = None
         self._rows = 0
-        self._error: str | None = None
+        self._resumed: int | None = None
+        self._alerts_df: pd.DataFrame | None = None
+        self._alerts_n = -1
 
-    def update(self, signals: pd.DataFrame) -> Detection:
+    def update(self, signals: pd.DataFrame, checkpoints=None, cache=None) -> Detection:
         if signals is None or signals.empty:
             return Detection(error="no steps yet")
         try:
             from lld_monitor.detect import OnlineDetector, iter_signal_rows
+            from lld_monitor.detect.checkpoint import replay_checkpoint, resume
+            from lld_monitor.detect.phases import HEALTHY
         except ImportError as exc:
             return Detection(error=f"detector unavailable ({exc})")
         logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)
         with self._lock:
             first = int(signals["step"].min())
-            if self._det is None or first != self._first or len(signals) < self._rows:
-                self._reset()
-                self._det = OnlineDetector()
-                self._first = first
-            new = signals if not self._steps else signals[signals["step"] > self._steps[-1]]
+            cold = self._det is None or first != self._first or len(signals) < self._rows
             try:
+                if cold:
+                    self._reset()
+                    self._first = first
+                    restored = resume(signals, _load(checkpoints))
+                    if restored is not None:
+                        self._det, self._last, self._resumed = restored.detector, restored.step, restored.step
+                    else:
+                        self._det = OnlineDetector()
+                new = signals if self._last is None else signals[signals["step"] > self._last]
+                fed = 0
                 for step, row in iter_signal_rows(new):
                     self._det.update(step, row)
-                    self._steps.append(step)
-                    self._phases.append(self._det.phase)
+                    self._last = step
+                    fed += 1
             except Exception as exc:  # a detector bug must not take the page down
                 log.exception("detector failed")
                 self._reset()
                 return Detection(error=f"detector failed: {exc}")
             self._rows = len(signals)
+            if cold and self._resumed is None and cache is not None and fed >= CACHE_MIN_ROWS:
+                try:  # compute once: the next reader of this run restores it instead of replaying
+                    cache(replay_checkpoint(self._det, signals))
+                except Exception:  # noqa: BLE001 - a cache is an optimisation, never an error on the page
+                    log.exception("detector cache not written")
             res = self._det.result()
+            if len(res.alerts) != self._alerts_n:
+                self._alerts_df, self._alerts_n = _alerts_frame(res.alerts), len(res.alerts)
+            steps = np.unique(pd.to_numeric(signals["step"], errors="coerce").dropna().to_numpy(dtype="int64"))
             return Detection(
                 phase=res.phase,
                 phase_starts={str(k): int(v) for k, v in (res.phase_starts or {}).items() if v is not None},
                 collapse_step=None if res.collapse_step is None else int(res.collapse_step),
-                alerts=_alerts_frame(res.alerts),
-                phase_by_step=pd.DataFrame({"step": np.asarray(self._steps, dtype="int64"), "phase": list(self._phases)}),
+                alerts=self._alerts_df.copy(),
+                phase_by_step=pd.DataFrame({"step": steps, "phase": phase_series(steps, res.phase_changes, HEALTHY)}),
+                resumed_step=self._resumed if cold else None,
+                replayed=fed,
             )
+
+
+def _load(checkpoints) -> pd.DataFrame | None:
+    """The checkpoints frame (calling the loader if given one); a store that cannot give them means none."""
+    if checkpoints is None:
+        return None
+    try:
+        return checkpoints() if callable(checkpoints) else checkpoints
+    except Exception as exc:  # noqa: BLE001 - without checkpoints the detector replays: slower, same result
+        log.warning("detector checkpoints could not be read (%s); replaying the run", exc)
+        return None
 
 
 def bands_from_series(phase_by_step: pd.DataFrame) -> pd.DataFrame:

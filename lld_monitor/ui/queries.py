@@ -114,7 +114,7 @@ def run_overview(reader, run_id: str, now: datetime | None = None,
     run = dict(run) if run is not None else dict(reader.run(run_id))
     signals = reader.signals(run_id)
     stored = reader.alerts(run_id)
-    detection = (tracker or ph.DetectionTracker()).update(signals)
+    detection = run_detection(reader, run_id, signals, tracker)
     alerts = ph.merge_alerts(stored, detection.alerts)
     notes = []
     if detection.error:
@@ -135,9 +135,21 @@ def run_overview(reader, run_id: str, now: datetime | None = None,
                        seconds_since_last_step=since, notes=notes)
 
 
+def run_detection(reader, run_id: str, signals: pd.DataFrame, tracker: ph.DetectionTracker | None = None) -> ph.Detection:
+    """The detector over the run's signals: a warm `tracker` feeds only new steps; a cold one restores the
+    detector from the run's checkpoints (written online by RunLogger) and replays only the steps after them.
+    A run without usable checkpoints (imported, older) is replayed once and the result cached beside it
+    (store/detector_cache.py), so the next reader does not replay it. The result is the full replay's."""
+    from lld_monitor.store.detector_cache import write_detector_cache
+
+    return (tracker or ph.DetectionTracker()).update(
+        signals, checkpoints=lambda: reader.detector_state(run_id),
+        cache=lambda row: write_detector_cache(reader.path, run_id, row))
+
+
 def run_phase(reader, run_id: str, tracker: ph.DetectionTracker | None = None) -> str | None:
     """The run's current phase (detector on its signals), None when it has no steps."""
-    return (tracker or ph.DetectionTracker()).update(reader.signals(run_id)).phase
+    return run_detection(reader, run_id, reader.signals(run_id), tracker).phase
 
 
 def stored_phases(reader) -> dict[str, str]:
