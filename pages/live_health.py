@@ -54,12 +54,14 @@ if widgets.require_run(ctx):
             alerts = ph.filter_alerts(ov.alerts, ("info", "warning", "critical") if show_info else ("warning", "critical"))
             hidden = len(ov.alerts) - len(alerts)
             label = f"{ov.run.get('name')} ({ph.mode_label(ov.run.get('mode'))})"
+            step_range = widgets.step_range_control(ov.signals, key=f"live_range_{run_id}")
             fig = figures.live_health_figure(ov.signals, ov.bands, alerts, smoothing, mode=ov.run.get("mode"),
-                                             run_label=label, twin=twin, phase_ii_step=ov.phase_ii_step)
+                                             run_label=label, twin=twin, phase_ii_step=ov.phase_ii_step,
+                                             step_range=step_range)
             widgets.plotly(fig, key="live_fig")
             st.caption(figures.live_legend_caption(ov.bands, hidden))
             name = widgets.safe_name(ov.run.get("name") or run_id)
-            st.download_button("Download the signals (CSV)", queries.to_csv_bytes(ov.signals),
+            st.download_button("Download the signals (CSV)", lambda: queries.to_csv_bytes(ov.signals),
                                file_name=f"{name}_signals.csv", mime="text/csv", key="live_csv", on_click="ignore",
                                icon=":material/download:")
             if len(ov.alerts):

@@ -250,3 +250,7 @@ def test_early_panels_fit_the_steps_before_phase_iii():
     calm = figures.live_health_figure(df, bands.iloc[:2], None, smoothing=0.0)
     assert calm.get_subplot(ll_row, 1).yaxis.range is None
     assert not any(a.name == "early-axis-note" for a in calm.layout.annotations)
+    # a brief early phase III (back to phase II) does not decide the fit: the final stretch does
+    flicker = pd.DataFrame({"phase": ["decay", "acceleration", "decay", "acceleration", "collapse"],
+                            "start": [0, 5, 8, 60, 80], "end": [5, 8, 60, 80, 99]})
+    assert figures.late_phase_start(flicker) == 60

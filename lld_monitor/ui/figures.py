@@ -9,6 +9,7 @@ from plotly.subplots import make_subplots
 
 from lld_monitor.detect.phases import ACCELERATION, COLLAPSE
 from lld_monitor.ui import signals as sig
+from lld_monitor.ui.downsample import MAX_POINTS, m4_indices, window
 from lld_monitor.ui.phases import (
     PHASE_COLORS,
     PHASE_SOLID,
@@ -64,6 +65,11 @@ def _axis_refs(fig: go.Figure, rows: int) -> list[tuple[str, str]]:
     return refs
 
 
+BAND_RECTS_MAX = 40
+"""Up to this many phase bands, one rectangle per band and panel; above it (long runs whose phases flip often),
+one path per phase and panel holding all its bands: the same shading, far fewer SVG shapes to draw."""
+
+
 def add_phase_bands(fig: go.Figure, bands: pd.DataFrame | None, *, rows: int = 1, label: bool = True) -> None:
     """Shade every phase band across all subplots (shared step axis), labelled once in the top panel.
 
@@ -75,21 +81,41 @@ def add_phase_bands(fig: go.Figure, bands: pd.DataFrame | None, *, rows: int = 1
     shapes, notes = list(fig.layout.shapes or ()), list(fig.layout.annotations or ())
     n = len(bands)
     span = max(1.0, float(bands["end"].max()) - float(bands["start"].min()))
+    paths: dict[str, list[str]] = {}
     for i, b in enumerate(bands.itertuples(index=False)):
         # a band runs from its first step up to the next band's first step (the last one to the last step)
         x0, x1 = float(b.start), float(b.end) + (0.5 if i == n - 1 else 0.0)
         if i == 0:
             x0 -= 0.5
         color = PHASE_COLORS.get(str(b.phase), "rgba(128,128,128,0.1)")
-        for xref, yref in refs:
-            shapes.append(dict(type="rect", xref=xref, yref=f"{yref} domain", x0=x0, x1=x1, y0=0, y1=1,
-                               fillcolor=color, line=dict(width=0), layer="below"))
+        if n > BAND_RECTS_MAX:
+            paths.setdefault(color, []).append(f"M{x0:g},0H{x1:g}V1H{x0:g}Z")
+        else:
+            for xref, yref in refs:
+                shapes.append(dict(type="rect", xref=xref, yref=f"{yref} domain", x0=x0, x1=x1, y0=0, y1=1,
+                                   fillcolor=color, line=dict(width=0), layer="below"))
         if label and (x1 - x0) / span >= 0.06:  # a narrow band keeps its shade, not a label that overlaps
             xref, yref = refs[0]
             notes.append(dict(x=(x0 + x1) / 2, y=1.0, xref=xref, yref=f"{yref} domain", yanchor="top", showarrow=False,
                               text=f"<b>{phase_short(str(b.phase))}</b>", name="phase-band",
                               font=dict(size=11, color=PHASE_SOLID.get(str(b.phase), "#555"))))
+    for color, parts in paths.items():
+        for xref, yref in refs:
+            shapes.append(dict(type="path", xref=xref, yref=f"{yref} domain", path="".join(parts), fillcolor=color,
+                               line=dict(width=0), layer="below"))
     fig.update_layout(shapes=shapes, annotations=notes)
+
+
+def clip_bands(bands: pd.DataFrame | None, step_range: tuple[float, float] | None) -> pd.DataFrame | None:
+    """The bands that overlap `step_range`, cut to it (None: all of them)."""
+    if bands is None or bands.empty or step_range is None:
+        return bands
+    lo, hi = step_range
+    last = np.arange(len(bands)) == len(bands) - 1  # a band covers start <= step < end; the last one its end too
+    out = bands[((bands["end"] > lo) | last) & (bands["end"] >= lo) & (bands["start"] <= hi)].copy()
+    out["start"] = out["start"].clip(lower=lo)
+    out["end"] = out["end"].clip(upper=hi)
+    return out.reset_index(drop=True)
 
 
 def _value_at(steps: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -127,31 +153,48 @@ def add_alert_markers(fig: go.Figure, alerts: pd.DataFrame | None, panels: list[
 
 
 def _add_signal(fig, steps, values, name, color, smoothing, row, secondary=None, dash=None, group=None, show=True,
-                legend_name=None, width=2.0):
-    """One signal: with smoothing, the EMA line plus the raw trace faint behind it (hover shows both)."""
+                legend_name=None, width=2.0, step_range=None, max_points=MAX_POINTS):
+    """One signal: with smoothing, the EMA line plus the raw trace faint behind it (hover shows both).
+
+    The EMA runs over the whole series; then only `step_range` is drawn, at most `max_points` points per line
+    (M4: first, min, max and last point of each pixel column, so spikes stay; lld_monitor/ui/downsample.py)."""
     kw = {"secondary_y": secondary} if secondary is not None else {}
     n = int(np.isfinite(values).sum())
     legend = {"legendgroup": group or name, "showlegend": show}
+    inside = window(steps, step_range)
+    x, raw = steps[inside], values[inside]
     if smoothing > 0 and n > 1:
+        smooth = sig.ema(values, smoothing)[inside]
+        ir, ie = m4_indices(x, raw, max_points), m4_indices(x, smooth, max_points)
         fig.add_trace(
-            go.Scatter(x=steps, y=values, mode="lines", name=f"{name} (raw)", legendgroup=group or name,
+            go.Scatter(x=x[ir], y=raw[ir], mode="lines", name=f"{name} (raw)", legendgroup=group or name,
                        line=dict(color=color, width=1, dash=dash), opacity=RAW_OPACITY, showlegend=False,
                        hoverinfo="skip"),
             row=row, col=1, **kw,
         )
         fig.add_trace(
-            go.Scatter(x=steps, y=sig.ema(values, smoothing), mode="lines", name=legend_name or name,
-                       line=dict(color=color, width=width, dash=dash), customdata=values, **legend,
+            go.Scatter(x=x[ie], y=smooth[ie], mode="lines", name=legend_name or name,
+                       line=dict(color=color, width=width, dash=dash), customdata=raw[ie], **legend,
                        hovertemplate=f"{name}: %{{y:.4g}} (raw %{{customdata:.4g}})<extra></extra>"),
             row=row, col=1, **kw,
         )
     else:
+        i = m4_indices(x, raw, max_points)
         fig.add_trace(
-            go.Scatter(x=steps, y=values, mode=_mode(len(steps)), name=legend_name or name,
+            go.Scatter(x=x[i], y=raw[i], mode=_mode(len(i)), name=legend_name or name,
                        line=dict(color=color, width=width, dash=dash), **legend,
                        hovertemplate=f"{name}: %{{y:.4g}}<extra></extra>"),
             row=row, col=1, **kw,
         )
+
+
+def downsampled(signals: pd.DataFrame | None, step_range: tuple[float, float] | None = None,
+                max_points: int = MAX_POINTS) -> bool:
+    """True when the chart of `signals` over `step_range` draws fewer points than it has (M4 downsampling)."""
+    if signals is None or signals.empty or "step" not in signals.columns:
+        return False
+    steps = pd.to_numeric(signals["step"], errors="coerce").to_numpy(dtype="float64")
+    return int(window(steps, step_range).sum()) > max_points
 
 
 def add_phase_legend(fig: go.Figure, bands: pd.DataFrame | None) -> None:
@@ -180,32 +223,46 @@ def live_legend_caption(bands: pd.DataFrame | None, hidden_info: int = 0) -> str
     return " ".join(bits)
 
 
-def add_step_marker(fig: go.Figure, step: int | float, text: str, color: str, row: int, rows: int) -> None:
-    """A dashed vertical line at `step` in one panel with a label at its top (e.g. the phase II onset)."""
+def add_step_marker(fig: go.Figure, step: int | float, text: str, color: str, row: int, rows: int,
+                    xanchor: str = "right") -> None:
+    """A dashed vertical line at `step` in one panel with a label at its foot (e.g. the phase II onset), left of
+    the line (`xanchor="right"`) or right of it (`"left"`)."""
     refs = _axis_refs(fig, rows)
     xref, yref = refs[row - 1]
     fig.add_shape(type="line", xref=xref, yref=f"{yref} domain", x0=step, x1=step, y0=0, y1=1,
                   line=dict(color=color, width=2, dash="dash"))
-    fig.add_annotation(x=step, y=0.02, xref=xref, yref=f"{yref} domain", text=text, showarrow=False, xanchor="right",
+    fig.add_annotation(x=step, y=0.02, xref=xref, yref=f"{yref} domain", text=text, showarrow=False, xanchor=xanchor,
                        yanchor="bottom", name="step-marker", font=dict(size=11, color=color), bgcolor="rgba(255,255,255,0.8)")
 
 
 def late_phase_start(bands: pd.DataFrame | None) -> int | None:
-    """The first step of phase III (acceleration) or of the reward collapse, whichever comes first; None if neither."""
+    """The first step of the run's last stretch of phase III (acceleration) / reward collapse; None if it never got
+    there. With one stretch (the usual spiral) that is where phase III began; a long run whose phase III flickered
+    early (a brief entry at step 594 of 20,000, back to phase II) is fitted to the steps before its final stretch,
+    not to its first 3 %."""
     if bands is None or bands.empty:
         return None
-    late = bands[bands["phase"].astype(str).isin([ACCELERATION, COLLAPSE])]
-    return int(late["start"].min()) if len(late) else None
+    late = bands["phase"].astype(str).isin([ACCELERATION, COLLAPSE]).to_numpy()
+    if not late.any():
+        return None
+    last = len(late) - 1 - int(np.argmax(late[::-1]))  # the last late band
+    first = last
+    while first > 0 and late[first - 1]:
+        first -= 1
+    return int(bands["start"].iloc[first])
 
 
 def fit_early_axis(fig: go.Figure, row: int, series: list[tuple[np.ndarray, np.ndarray]], cut: int,
-                   smoothing: float) -> None:
+                   smoothing: float, step_range: tuple[float, float] | None = None) -> None:
     """Fit panel `row`'s y-axis to the drawn lines (EMA when smoothing) at steps before `cut`, when later values
-    leave that range; say so in the panel. Zooming out (or the modebar's autoscale) shows everything."""
+    leave that range; say so in the panel. Zooming out (or the modebar's autoscale) shows everything.
+    `step_range`: only the steps drawn count."""
+    if not series:  # the run has none of the panel's signals (e.g. no displacement in a W&B import)
+        return
     before, after = [], []
     for steps, values in series:
         drawn = sig.ema(values, smoothing) if smoothing > 0 else values
-        ok = np.isfinite(drawn)
+        ok = np.isfinite(drawn) & window(steps, step_range)
         before.append(drawn[ok & (steps < cut)])
         after.append(drawn[ok & (steps >= cut)])
     b, a = np.concatenate(before), np.concatenate(after)
@@ -234,15 +291,28 @@ def live_health_figure(
     run_label: str | None = None,
     twin: tuple[str, pd.DataFrame, str | None] | None = None,
     phase_ii_step: int | None = None,
+    step_range: tuple[float, float] | None = None,
+    max_points: int = MAX_POINTS,
 ) -> go.Figure:
     """The run's key signals stacked on one shared step axis (zoom one panel, all follow), phase bands shaded,
     alerts marked on every panel, the phase II onset drawn on the correct-response log-likelihood.
 
     Lines take the run's mode colour (the same on every page); a panel's second signal is dotted on the right
-    axis. `twin` = (label, signals, mode) overlays another run (e.g. the LLDS twin) in its own mode colour."""
+    axis. `twin` = (label, signals, mode) overlays another run (e.g. the LLDS twin) in its own mode colour.
+    `step_range` = (first, last) draws only those steps (a zoomed view: every point when they fit); a line of
+    more than `max_points` points is drawn at the chart's resolution (first / min / max / last per pixel column,
+    so spikes and the collapse stay visible). Smoothing and the phases always come from the whole run."""
     frame = sig.canonical_frame(signals)
     if len(frame) == 0:
         return empty_figure("No steps logged yet.")
+    if step_range is not None:
+        step_range = (float(step_range[0]), float(step_range[1]))
+        bands = clip_bands(bands, step_range)
+        if alerts is not None and len(alerts):
+            a_steps = pd.to_numeric(alerts["step"], errors="coerce")
+            alerts = alerts[(a_steps >= step_range[0]) & (a_steps <= step_range[1])]
+        if phase_ii_step is not None and not step_range[0] <= phase_ii_step <= step_range[1]:
+            phase_ii_step = None
     steps = frame["step"].to_numpy(dtype="float64")
     runs = [(run_label or mode_label(mode), frame, mode)]
     if twin is not None:
@@ -272,7 +342,7 @@ def live_health_figure(
                                 secondary=secondary if panel.secondary else None,
                                 dash="dot" if secondary else (dash if j else None), group=label_,
                                 show=(r == 1 and not secondary), legend_name=label_,
-                                width=1.5 if secondary else 2.0)
+                                width=1.5 if secondary else 2.0, step_range=step_range, max_points=max_points)
         if first_values is None:
             fig.add_annotation(text="not logged by this run", showarrow=False, row=r, col=1,
                                x=0.5, y=0.5, xref="x domain", yref="y domain", font=dict(color="#888"))
@@ -284,14 +354,20 @@ def live_health_figure(
     if phase_ii_step is not None:
         ll_row = next((i for i, p in enumerate(panels, start=1) if "ll_correct_mean" in p.signals), None)
         if ll_row is not None:
+            first, last = (float(steps.min()), float(steps.max())) if step_range is None else step_range
+            # the label sits left of the line, or right of it near the axis start (Plotly's autorange fits
+            # labels too: a label left of an onset at step 23 of 20,000 stretched the axis below step 0)
+            left = (phase_ii_step - first) < 0.3 * max(last - first, 1.0)
             add_step_marker(fig, phase_ii_step, f"phase II onset · step {int(phase_ii_step)}",
-                            PHASE_SOLID.get("decay", "#e67800"), ll_row, len(panels))
+                            PHASE_SOLID.get("decay", "#e67800"), ll_row, len(panels),
+                            xanchor="left" if left else "right")
     cut = late_phase_start(bands)
     if cut is not None:
         for r, panel in enumerate(panels, start=1):
             if panel.early:
                 fit_early_axis(fig, r, [(f["step"].to_numpy(dtype="float64"), f[n].to_numpy(dtype="float64"))
-                                        for _, f, _ in runs for n in panel.signals if n in f.columns], cut, smoothing)
+                                        for _, f, _ in runs for n in panel.signals if n in f.columns], cut, smoothing,
+                               step_range)
     for r, panel in enumerate(panels, start=1):
         if not panel.secondary:
             continue
@@ -306,6 +382,15 @@ def live_health_figure(
             fig.update_yaxes(tickformat=".0%", nticks=4, row=r, col=1, secondary_y=True)
     fig.update_xaxes(title_text="step", row=len(panels), col=1)
     fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1, spikecolor="#999", spikedash="dot")
+    # autorange within the steps drawn: Plotly pads marker traces by 5 % of the axis, so an alert near step 0 of a
+    # long run pushed the axis a twentieth of the run below step 0 (a fixed `range` instead breaks the y
+    # autorange of the reward panel, whose right axis matches its left one)
+    if step_range is None:
+        drawn = np.concatenate([f["step"].to_numpy(dtype="float64") for _, f, _ in runs])
+        first, last = float(np.nanmin(drawn)), float(np.nanmax(drawn))
+    else:
+        first, last = step_range
+    fig.update_xaxes(autorangeoptions=dict(minallowed=first - 0.5, maxallowed=last + 0.5))
     # the legend sits above the panels: room for its rows at the narrowest layout (2 entries a row)
     n_entries = sum(1 for t in fig.data if t.showlegend is not False)
     top = 55 + 21 * -(-n_entries // 2)

@@ -321,6 +321,39 @@ def status_line(ov: q.RunOverview) -> None:
         st.caption(note)
 
 
+def step_range_control(signals: pd.DataFrame, key: str) -> tuple[int, int] | None:
+    """For a run too long to draw every point: a "steps shown" range slider and a caption saying how the chart is
+    drawn. Returns the chosen (first, last) step, or None for the whole run (and for runs drawn in full).
+    While a live run grows, a range that ends at the last step keeps following it."""
+    from lld_monitor.ui import figures
+
+    if not figures.downsampled(signals):
+        return None
+    steps = pd.to_numeric(signals["step"], errors="coerce").dropna()
+    lo, hi = int(steps.min()), int(steps.max())
+    end_key = f"{key}__end"
+    value = st.session_state.get(key)
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        value = (lo, hi)
+    a, b = int(value[0]), int(value[1])
+    if b == st.session_state.get(end_key, b) or b > hi:  # it followed the end: keep following
+        b = hi
+    a = min(max(a, lo), b)
+    st.session_state[key] = (a, b)
+    st.session_state[end_key] = hi
+    chosen = st.slider("Steps shown", lo, hi, key=key, step=1,
+                       help="Narrow the range to see every logged step of it; the phases and the smoothing are the "
+                            "whole run's.")
+    n = int(((steps >= chosen[0]) & (steps <= chosen[1])).sum())
+    if figures.downsampled(signals, chosen):
+        st.caption(f"{n:,} steps drawn at the chart's resolution: the first, lowest, highest and last point of each "
+                   f"pixel column, so spikes and the collapse stay where they are. Narrow *Steps shown* to "
+                   f"{figures.MAX_POINTS:,} steps or fewer to see every point.")
+    else:
+        st.caption(f"Every one of the {n:,} steps in this range is drawn.")
+    return None if (chosen[0], chosen[1]) == (lo, hi) else (int(chosen[0]), int(chosen[1]))
+
+
 def plotly(fig, key: str | None = None) -> None:
     """Every chart: full width, Plotly's modebar always shown, with its PNG download (camera icon, 2x scale)."""
     st.plotly_chart(fig, width="stretch", key=key,
