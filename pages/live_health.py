@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from lld_monitor.ui import figures, pairing, queries, widgets
+from lld_monitor.ui import figures, pairing, queries, whatif_panel, widgets
 from lld_monitor.ui import phases as ph
 
 ctx = widgets.current()
@@ -72,3 +72,4 @@ if widgets.require_run(ctx):
             st.rerun()  # the run ended: redraw the page once without the refresh timer
 
     live_panel()
+    whatif_panel.live_health_panel(ctx)

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from lld_monitor.ui import figures, tokens, widgets
+from lld_monitor.ui import figures, tokens, whatif_panel, widgets
 
 ctx = widgets.current()
 st.title("Token inspector")
@@ -85,13 +85,14 @@ if widgets.require_run(ctx):
         m[4].metric("Tool tokens (unscored)", summary["tool"])
         if isinstance(row.get("question"), str) and row.get("question"):
             st.text(f"Question: {row['question']}\nGold: {row.get('gold') or '—'}")  # plain text: no markup from data
+        outline = whatif_panel.token_outline(ctx, step, pick, row.get("advantage")) if not one.tokens.empty else None
         if one.tokens.empty:
             st.info("No tokens were stored for this sample (token logging is sampled): pick one listed first, "
                     "those have tokens.")
         else:
             scale = tokens.delta_scale(one.tokens) if color_by == "delta" else 1.0
-            st.html(tokens.legend_html(color_by, scale))
-            st.html(tokens.token_html(one.tokens, color_by))
+            st.html(tokens.legend_html(color_by, scale, penalized=outline is not None))
+            st.html(tokens.token_html(one.tokens, color_by, penalized=outline))
             st.caption("Hover a token for log-prob before / after / ref, Δ and entropy.")
             widgets.plotly(figures.token_delta_figure(one.tokens), key="tok_delta_fig")
     st.subheader(f"Token Δ by role at step {view.step} (nats per token)")

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gate", choices=GATES, default=DEFAULT_SETTINGS["gate"],
                         help="action (A-gate, default) | response (R-gate) | token (ungated)")
     parser.add_argument("--norm", choices=NORMS, default=DEFAULT_SETTINGS["norm"],
-                        help="response (paper, default) | token_mean (official code)")
+                        help="response (paper, default) | token_mean (official code) | seq_mean (see docs/lld.md)")
     parser.add_argument("--json", action="store_true", help="print the JSON contract instead of a table")
     parser.add_argument("--recompute", action="store_true", help="ignore the cached result and compute every step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

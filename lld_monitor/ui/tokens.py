@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Collection
 
 import numpy as np
 import pandas as pd
@@ -82,13 +83,17 @@ def _fmt(v) -> str:
     return "—" if math.isnan(f) else f"{f:.4f}"
 
 
-def token_html(tokens: pd.DataFrame, color_by: str = "prob_old") -> str:
+PENALIZED_STYLE = "outline:2px solid #111;outline-offset:-1px;"  # tokens LLDS would have penalised (whatif)
+
+
+def token_html(tokens: pd.DataFrame, color_by: str = "prob_old", penalized: Collection[int] | None = None) -> str:
     """The response as coloured token chips.
 
     - action / answer tokens coloured by `color_by` ("prob_old", "prob_new", "delta"); hover (title) shows
       log-prob before / after / ref, Δ and entropy;
     - tool (observation) tokens grey, italic and unscored;
-    - the answer span outlined; every action starts with a small "action k" tag.
+    - the answer span outlined; every action starts with a small "action k" tag;
+    - `penalized` (positions, from `lld-monitor whatif`): those tokens get a dark outline, class lld-penalized.
     All token text is HTML-escaped.
     """
     if tokens is None or tokens.empty:
@@ -149,7 +154,12 @@ def token_html(tokens: pd.DataFrame, color_by: str = "prob_old") -> str:
             f"logp after {_fmt(ln)}&#10;logp ref {_fmt(row.logp_ref)}&#10;"
             f"Δ {_fmt(delta)}&#10;entropy {_fmt(row.entropy)}"
         )
-        parts.append(f"<span title='{title}' style='background:{bg};border-radius:2px;'>{text}</span>")
+        if penalized is not None and int(row.position) in penalized:
+            title += "&#10;LLDS would have penalised this token"
+            parts.append(f"<span class='lld-penalized' title='{title}' style='background:{bg};border-radius:2px;"
+                         f"{PENALIZED_STYLE}'>{text}</span>")
+        else:
+            parts.append(f"<span title='{title}' style='background:{bg};border-radius:2px;'>{text}</span>")
         prev_role = role
     if in_answer:
         parts.append("</span>")
@@ -157,7 +167,7 @@ def token_html(tokens: pd.DataFrame, color_by: str = "prob_old") -> str:
     return "".join(parts)
 
 
-def legend_html(color_by: str, scale: float = 1.0) -> str:
+def legend_html(color_by: str, scale: float = 1.0, penalized: bool = False) -> str:
     if color_by == "delta":
         stops = [(-scale, _delta_color(-scale, scale)), (0.0, _delta_color(0.0, scale)), (scale, _delta_color(scale, scale))]
         chips = "".join(f"<span style='background:{c};padding:0 6px;margin-right:4px;'>Δ {v:+.2f}</span>" for v, c in stops)
@@ -166,7 +176,9 @@ def legend_html(color_by: str, scale: float = 1.0) -> str:
                         for p in (0.0, 0.25, 0.5, 0.75, 1.0))
     return (f"<div style='font-size:12px;'>{chips}<span style='color:#8a8a8a;background:#eee;font-style:italic;"
             f"padding:0 6px;margin-right:4px;'>tool (unscored)</span><span style='outline:2px solid #2ca02c;"
-            f"padding:0 6px;'>answer span</span></div>")
+            f"padding:0 6px;'>answer span</span>"
+            + (f"<span style='{PENALIZED_STYLE}padding:0 6px;margin-left:6px;'>LLDS would have penalised</span>"
+               if penalized else "") + "</div>")
 
 
 def token_summary(tokens: pd.DataFrame) -> dict:

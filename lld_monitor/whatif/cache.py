@@ -47,7 +47,7 @@ TOKENS_FILE = "tokens.parquet"
 DEFAULT_SETTINGS: dict[str, Any] = {"lam": 0.2, "gate": "action", "norm": "response", "answer_weight": None,
                                     "adaptive_beta": None, "v_base": 2.0}
 GATES = ("action", "response", "token")
-NORMS = ("response", "token_mean")
+NORMS = ("response", "token_mean", "seq_mean")
 BETA_RULES = ("paper", "code")
 KEY_FIELDS = ("gate", "norm", "answer_weight", "adaptive_beta", "v_base")  # what llds_raw depends on (not lam)
 
