@@ -27,6 +27,11 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
+    return make_tokenizer()
+
+
+def make_tokenizer():
+    """The tiny BPE tokenizer, trained here (also used by tests/_trl_multiproc_run.py)."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -356,3 +361,54 @@ def test_adaptive_beta_trainer_run(tokenizer, tmp_path):
         assert steps.index.tolist() == [1, 2]
         assert (steps["searches_per_response"] == 0).all()  # no tools here: V = 0 tool calls
         assert steps["llds_loss"].notna().all()
+
+
+# --------------------------------------------------------------------------- noise: on-policy micro-batches (issue 29)
+
+
+@pytest.mark.parametrize(("ga", "spg", "mu", "vllm", "noise_only"), [
+    (1, 1, 1, True, True), (4, 4, 1, True, True), (4, 2, 2, True, True),  # vLLM IS correction, used up in one step
+    (1, 1, 2, True, False), (2, 4, 1, True, False),  # the second pass / a later step sees an update
+    (1, 1, 1, False, False),  # no vLLM: no old log-probs at all (Δ ≡ 0, the other warning)
+])
+def test_llds_sees_only_noise_rule(tmp_path, ga, spg, mu, vllm, noise_only):
+    from lld_monitor.integrations.trl import llds_sees_only_noise
+
+    args = grpo_args(tmp_path, gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=mu)
+    assert llds_sees_only_noise(args, mu, use_vllm=vllm, vllm_is_correction=True) is noise_only
+
+
+def test_on_policy_micro_batch_gets_no_llds_gradient(tokenizer, tmp_path, caplog):
+    """Old log-probs computed by the current parameters (no optimizer step since the generation batch was scored,
+    as with vLLM's IS correction and μ = 1): Δ is recomputation noise (1e-7 here) and the LLDS term, whose gradient
+    does not shrink with |Δ|, must not act on it. After an optimizer step the same displacement counts again."""
+    from lld_monitor.integrations.trl import LLDGRPOTrainer
+
+    torch.set_num_threads(1)
+    trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
+                             train_dataset=dataset(), processing_class=tokenizer, llds=lld.LLDSConfig(lam=0.5))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs, cur = _fixed_batch(trainer, tokenizer)
+    g = torch.Generator().manual_seed(4)
+    inputs["old_per_token_logps"] = cur + torch.randn(cur.shape, generator=g) * 1e-7  # recomputation noise
+    inputs["lld_gen_step"] = torch.tensor(trainer.state.global_step)  # scored at this very optimizer step
+
+    def grads(fn):
+        trainer.model.zero_grad()
+        fn(trainer, trainer.model, inputs).backward()
+        return [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.trl"):
+        g_llds = grads(LLDGRPOTrainer._compute_loss)
+    g_plain = grads(GRPOTrainer._compute_loss)
+    assert all(torch.equal(a, b) for a, b in zip(g_llds, g_plain, strict=True))
+    assert trainer.lld_last_term == 0.0
+    assert any("recomputation noise" in r.getMessage() for r in caplog.records)
+    # an optimizer step later (and |Δ| above the floor) the term is back
+    inputs["old_per_token_logps"] = cur + torch.randn(cur.shape, generator=g) * 0.3
+    trainer.state.global_step += 1
+    g_llds = grads(LLDGRPOTrainer._compute_loss)
+    g_plain = grads(GRPOTrainer._compute_loss)
+    assert trainer.lld_last_term > 0
+    assert any(not torch.equal(a, b) for a, b in zip(g_llds, g_plain, strict=True))

@@ -27,8 +27,13 @@ How it works (TRL 1.16.0 internals, pinned; `tests/test_integrations_trl.py` has
   the LLDS term and every likelihood figure; :func:`tool_call_counts` (tool-result blocks per completion)
   fills ``samples.n_searches`` / ``searches_per_response`` and gives adaptive LLDS-MA its V (the generation
   batch mean over all ranks).
-- Several ranks: the step row is computed from every rank's samples (gathered), entropy and the LLDS value
-  from every rank's sums; pass ``lld_store=`` (or a logger) on every rank.
+- Several processes: whether anything is logged is decided on every rank together at construction, so the
+  gathers run on every rank even when a logger exists on the main process only (a gather on a subset of the
+  processes hangs). The step row is computed from every rank's samples (gathered), entropy and the LLDS value
+  from every rank's sums. ``lld_store=`` on every rank: each writes its samples / tokens into one run (rank 0's
+  run id is broadcast); on the main process only: its samples / tokens and the all-rank step row. The store
+  path must be one that every process writing to it can reach (multi-node: a shared filesystem, or log on the
+  main process only).
 - ``_calculate_rewards`` and ``_generate_and_score_completions`` are wrapped to carry each completion's
   total reward and its group (prompt) through TRL's shuffle / split of the generation batch.
 - Per optimizer step (at the micro-batch where ``accelerator.sync_gradients`` is True) the step's samples
@@ -39,9 +44,22 @@ Step numbering: our step = TRL's ``state.global_step`` after the update (the ste
 Displacement Δ = ln π_θ − ln π_old on the same completion tokens (negative = likelihood fell): with
 ``num_iterations = μ``, the first pass over a generation batch has Δ ≈ 0 and later passes show the drift.
 
-LLDS option: ``llds=LLDSConfig(...)`` adds ``λ · L_LLDS / gradient_accumulation_steps`` to TRL's loss
-(the same accumulation scaling TRL applies to its own policy loss), with ``L_LLDS`` from
-:func:`lld_monitor.lld.llds_loss` on the captured log-probs. LLDS-MA (``answer_weight`` / ``adaptive_beta``)
+LLDS option: ``llds=LLDSConfig(...)`` adds λ · L_LLDS of the optimizer step's whole batch (every micro-batch of
+the accumulation window on every process) to TRL's loss, spread over the micro-batches: each adds
+``num_processes · λ · llds_loss(micro-batch, normalizer=N)`` with N the window's global denominator
+(:func:`lld_monitor.lld.llds_normalizer`, counted when the generation batch is split, summed over processes),
+so the micro-batch terms add up to the window's value whatever the micro-batch size (DDP averages over
+processes). When a window spans two generation batches (``steps_per_generation · num_iterations`` not a
+multiple of ``gradient_accumulation_steps``) N is not known in time: then ``λ · L_LLDS(micro-batch) /
+gradient_accumulation_steps`` (a warning says so). ``L_LLDS`` comes from :func:`lld_monitor.lld.llds_loss` on
+the captured log-probs.
+
+Noise gate: a micro-batch whose old log-probs were computed by the current parameters (no optimizer step since its
+generation batch was scored: the first pass with ``num_iterations`` > 1, or every pass with vLLM's
+importance-sampling correction and ``gradient_accumulation_steps % (steps_per_generation · num_iterations) == 0``)
+has Δ = recomputation noise; the LLDS gradient does not shrink with |Δ|, so it would push up whichever tokens the
+noise lowered at full λ. Such micro-batches, and any whose max |Δ| is at or below ``llds_noise_floor``, get no
+LLDS term (``llds_skip_on_policy=True``, default), a warning (once) and the step metric ``llds_noise_gated``. LLDS-MA (``answer_weight`` / ``adaptive_beta``)
 needs the answer-tag token ids: ``answer_open_ids`` / ``answer_close_ids`` (e.g.
 ``tokenizer.encode("<answer>")``).
 """
@@ -95,9 +113,14 @@ def check_trl_internals(cls: type = GRPOTrainer) -> None:
             if needle not in src:
                 problems.append(f"_compute_loss no longer contains {needle!r}")
         for name, want in (("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
-                           ("_generate_and_score_completions", ["self", "inputs"])):
+                           ("_generate_and_score_completions", ["self", "inputs"]),
+                           ("_prepare_inputs", ["self", "generation_batch"])):
             if list(inspect.signature(getattr(cls, name)).parameters) != want:
                 problems.append(f"{name}{tuple(want)}")
+        # the LLDS normalizer follows TRL's buffering: one chunk per micro-step, regenerated every spg·μ steps
+        if "self._buffered_inputs[self._step % self.args.steps_per_generation]" not in inspect.getsource(
+                cls._prepare_inputs):
+            problems.append("_prepare_inputs no longer returns _buffered_inputs[_step % steps_per_generation]")
     except (AttributeError, OSError, TypeError) as exc:
         problems.append(f"{type(exc).__name__}: {exc}")
     if problems:
@@ -114,6 +137,14 @@ def old_logps_are_kept(args: Any, num_iterations: int, use_vllm: bool, vllm_is_c
     importance-sampling correction; otherwise `_compute_loss` uses ``logps.detach()`` and Δ ≡ 0."""
     generate_every = args.steps_per_generation * num_iterations
     return args.gradient_accumulation_steps % generate_every != 0 or (use_vllm and vllm_is_correction)
+
+
+def llds_sees_only_noise(args: Any, num_iterations: int, use_vllm: bool, vllm_is_correction: bool) -> bool:
+    """True when TRL keeps old log-probs only for vLLM's importance-sampling correction and every micro-batch is
+    consumed before the next optimizer step (``gradient_accumulation_steps % (steps_per_generation ·
+    num_iterations) == 0``): the old log-probs are then always the current parameters' and Δ is noise."""
+    generate_every = args.steps_per_generation * num_iterations
+    return bool(use_vllm and vllm_is_correction and args.gradient_accumulation_steps % generate_every == 0)
 
 
 def tool_call_counts(completion_mask: Tensor, tool_mask: Tensor | None) -> Tensor:
@@ -163,6 +194,8 @@ class LLDGRPOTrainer(GRPOTrainer):
         answer_close_ids: Sequence[int] | None = None,
         lld_token_every: int = 1,
         lld_token_groups: int | None = None,
+        llds_skip_on_policy: bool = True,
+        llds_noise_floor: float = lld.NOISE_FLOOR,
         **kwargs: Any,
     ):
         check_trl_internals()
@@ -173,8 +206,28 @@ class LLDGRPOTrainer(GRPOTrainer):
                              "(the token ids of '<answer>' and '</answer>')")
         self.answer_open_ids = list(answer_open_ids or [])
         self.answer_close_ids = list(answer_close_ids or [])
-        self.lld_old_logps_kept = old_logps_are_kept(
-            self.args, self.num_iterations, self.use_vllm, getattr(self, "vllm_importance_sampling_correction", False))
+        if not llds_noise_floor >= 0:
+            raise ValueError(f"llds_noise_floor must be >= 0 (0 = gate only on-policy micro-batches), got {llds_noise_floor}")
+        self.lld_skip_on_policy = llds_skip_on_policy
+        self.lld_noise_floor = float(llds_noise_floor)
+        vllm_is = getattr(self, "vllm_importance_sampling_correction", False)
+        self.lld_old_logps_kept = old_logps_are_kept(self.args, self.num_iterations, self.use_vllm, vllm_is)
+        if llds is not None and llds_sees_only_noise(self.args, self.num_iterations, self.use_vllm, vllm_is):
+            log.warning(
+                "TRL computes old log-probs here only for vLLM's importance-sampling correction, and with "
+                "gradient_accumulation_steps=%d, steps_per_generation=%d, num_iterations=%d every micro-batch is used "
+                "before the next optimizer step: the old log-probs are the current policy's and Δ is recomputation "
+                "noise. %s Use num_iterations > 1 (or steps_per_generation > gradient_accumulation_steps) for LLDS "
+                "to see a displacement.", self.args.gradient_accumulation_steps, self.args.steps_per_generation,
+                self.num_iterations, "LLDS is skipped on every micro-batch (llds_skip_on_policy)."
+                if llds_skip_on_policy else "LLDS acts on that noise at full λ (llds_skip_on_policy=False).")
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        self._lld_exact_norm = generate_every % self.args.gradient_accumulation_steps == 0
+        if llds is not None and self.lld_old_logps_kept and not self._lld_exact_norm:
+            log.warning("gradient_accumulation_steps=%d does not divide steps_per_generation*num_iterations=%d: an "
+                        "optimizer step spans two generation batches, so the LLDS term is normalized per "
+                        "micro-batch (λ·L_LLDS/gradient_accumulation_steps), not by the step's global count",
+                        self.args.gradient_accumulation_steps, generate_every)
         if not self.lld_old_logps_kept:
             log.warning(
                 "TRL keeps no old log-probs with gradient_accumulation_steps=%d, steps_per_generation=%d, "
@@ -184,11 +237,16 @@ class LLDGRPOTrainer(GRPOTrainer):
                 self.args.gradient_accumulation_steps, self.args.steps_per_generation, self.num_iterations,
                 " and the LLDS term is always 0" if llds is not None else "",
             )
+        # decided on every rank together: the gathers below must run on all processes or on none
+        self._lld_active, any_store = self._lld_collective_flags(lld_logger is not None, lld_store is not None)
+        run_id = self._shared_run_id(lld_run_name) if any_store and self.accelerator.num_processes > 1 else None
         self._lld_owns_logger = False
         if lld_logger is None and lld_store is not None:
-            lld_logger = self._make_logger(lld_store, lld_run_name, lld_token_every, lld_token_groups)
+            lld_logger = self._make_logger(lld_store, lld_run_name, lld_token_every, lld_token_groups, run_id)
             self._lld_owns_logger = True
         self.lld_logger = lld_logger
+        self._lld_chunk_counts: list[float] | None = None
+        self._lld_warned_noise = False
         self._lld_capture = False
         self._lld_stash: dict[str, Tensor | None] = {}
         self._lld_micro: list[dict[str, Tensor]] = []
@@ -199,7 +257,24 @@ class LLDGRPOTrainer(GRPOTrainer):
         self.add_callback(_LogCallback(self))
 
     # ----------------------------------------------------------------------------- logger
-    def _make_logger(self, store: str, name: str | None, token_every: int, token_groups: int | None) -> Any:
+    def _lld_collective_flags(self, has_logger: bool, has_store: bool) -> tuple[bool, bool]:
+        """(does any rank log, does any rank use lld_store), the same answer on every rank."""
+        if self.accelerator.num_processes == 1:
+            return has_logger or has_store, has_store
+        from accelerate.utils import gather_object  # noqa: PLC0415
+
+        flags = gather_object([(has_logger, has_store)])
+        if any(st for _, st in flags) and not (flags[0][1] or flags[0][0]):
+            raise ValueError("lld_store= is given on a non-main process but the main process has neither lld_store "
+                             "nor lld_logger: pass lld_store= on the main process too (it writes the run and the "
+                             "step rows)")
+        if any(st for _, st in flags) and flags[0][0] and not flags[0][1]:
+            raise ValueError("lld_store= on other processes needs lld_store= (not lld_logger=) on the main process, "
+                             "so that they join the same run")
+        return any(lg or st for lg, st in flags), any(st for _, st in flags)
+
+    def _make_logger(self, store: str, name: str | None, token_every: int, token_groups: int | None,
+                     run_id: str | None = None) -> Any:
         from lld_monitor.logger import RunLogger  # noqa: PLC0415
 
         if self.llds_cfg is None:
@@ -222,8 +297,7 @@ class LLDGRPOTrainer(GRPOTrainer):
         return RunLogger(
             store, name or f"trl-{self.args.run_name or 'grpo'}", mode, cfg, source="trl", model=model_name,
             rank=self.accelerator.process_index, world_size=self.accelerator.num_processes,
-            token_every=token_every, token_groups=token_groups, vocab=vocab,
-            run_id=None if self.accelerator.num_processes == 1 else self._shared_run_id(name),
+            token_every=token_every, token_groups=token_groups, vocab=vocab, run_id=run_id,
         )
 
     def _shared_run_id(self, name: str | None) -> str:
@@ -261,7 +335,39 @@ class LLDGRPOTrainer(GRPOTrainer):
         idx = torch.arange(start, start + n, device=device)
         out["lld_sample"] = idx
         out["lld_group"] = idx // max(int(g), 1)
+        # the optimizer steps done when the old log-probs were computed (0-dim: survives the shuffle / split)
+        out["lld_gen_step"] = torch.tensor(int(self.state.global_step), device=device)
         return out
+
+    def _prepare_inputs(self, generation_batch):
+        before = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.llds_cfg is None or not self.model.training:
+            return inputs
+        if self._buffered_inputs is not before:  # a new generation batch, split into steps_per_generation chunks
+            self._lld_chunk_counts = self._lld_count_chunks(self._buffered_inputs)
+        n = self._lld_window_normalizer()
+        return inputs if n is None else {**inputs, "lld_llds_normalizer": torch.tensor(n)}
+
+    def _lld_count_chunks(self, chunks: list[dict]) -> list[float]:
+        """Each chunk's LLDS denominator (lld.llds_normalizer), summed over processes (all regenerate together)."""
+        counts = []
+        for c in chunks:
+            action = c["completion_mask"] if c.get("tool_mask") is None else c["completion_mask"] * c["tool_mask"]
+            counts.append(float(lld.llds_normalizer(c["advantages"], action, self.llds_cfg.norm)))
+        t = torch.tensor(counts, dtype=torch.float64)
+        if self.accelerator.num_processes > 1:
+            t = self.accelerator.gather(t.to(self.accelerator.device)).cpu().view(-1, len(counts)).sum(dim=0)
+        return t.tolist()
+
+    def _lld_window_normalizer(self) -> float | None:
+        """The LLDS denominator of the accumulation window of the current micro-step (every micro-batch of the
+        optimizer step, every process), or None when the window spans a generation batch not made yet."""
+        if not self._lld_exact_norm or self._lld_chunk_counts is None:
+            return None
+        ga, spg = self.args.gradient_accumulation_steps, self.args.steps_per_generation
+        first = (self._step // ga) * ga
+        return float(sum(self._lld_chunk_counts[j % spg] for j in range(first, first + ga)))
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         res = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
@@ -298,6 +404,7 @@ class LLDGRPOTrainer(GRPOTrainer):
             answer = lld.answer_span_mask(inputs["completion_ids"], action, self.answer_open_ids,
                                           self.answer_close_ids)
         llds_val = None
+        gated = False
         calls = tool_call_counts(mask, tool)
         if self.llds_cfg is not None:
             v_mean = None
@@ -305,21 +412,49 @@ class LLDGRPOTrainer(GRPOTrainer):
                 # V = mean tool calls per completion of the generation batch this micro-batch came from
                 v_mean = float(inputs["lld_tool_calls_mean"]) if "lld_tool_calls_mean" in inputs else float(
                     calls.mean())
-            term, _ = lld.llds_loss(logps, old, adv_r, action, self.llds_cfg,
-                                    answer_mask=answer if self.llds_cfg.masks_answer else None,
-                                    valid_searches_mean=v_mean)
-            scaled = self.llds_cfg.lam * term / self.current_gradient_accumulation_steps
-            loss = loss + scaled
-            self.lld_last_term = float(scaled.detach())
-            llds_val = float(self.llds_cfg.lam * term.detach())
-        if self.lld_logger is not None:
-            self._lld_record(inputs, logps, old, adv_r, mask, tool, answer, llds_val, calls)
+            world = self.accelerator.num_processes
+            norm_t = inputs.get("lld_llds_normalizer")
+            term, st = lld.llds_loss(logps, old, adv_r, action, self.llds_cfg,
+                                     answer_mask=answer if self.llds_cfg.masks_answer else None,
+                                     valid_searches_mean=v_mean,
+                                     normalizer=None if norm_t is None else float(norm_t))
+            # this micro-batch's share of the optimizer step's λ·L_LLDS (over every micro-batch and process)
+            share = self.llds_cfg.lam * term
+            if norm_t is None:
+                share = share / (self.current_gradient_accumulation_steps * world)
+            gated = self._lld_noise_gated(inputs, logps, old, action, st)
+            if gated:
+                self.lld_last_term = 0.0
+                llds_val = 0.0
+            else:
+                scaled = share * world  # DDP averages the gradients over the processes
+                loss = loss + scaled
+                self.lld_last_term = float(scaled.detach())
+                llds_val = float(share.detach())
+        if self._lld_active:
+            self._lld_record(inputs, logps, old, adv_r, mask, tool, answer, llds_val, calls, gated)
             if self.accelerator.sync_gradients:
                 self._lld_end_step()
         return loss
 
+    def _lld_noise_gated(self, inputs, logps, old, action, st) -> bool:
+        """No LLDS term on a micro-batch whose Δ is recomputation noise (see the module docstring)."""
+        same_policy = (inputs.get("old_per_token_logps") is not None and "lld_gen_step" in inputs
+                       and int(inputs["lld_gen_step"]) == int(self.state.global_step))
+        d_max = lld.max_abs_displacement(logps, old, action)
+        gated = (self.lld_skip_on_policy and same_policy) or d_max <= self.lld_noise_floor
+        if gated and st["n_penalized_tokens"] > 0 and inputs.get("old_per_token_logps") is not None \
+                and not self._lld_warned_noise:
+            log.warning("lld-monitor LLDS: no term on a micro-batch whose old log-probs %s (max |Δ| = %.3g): Δ is "
+                        "recomputation noise, and LLDS would push up whichever tokens the noise lowered at full λ. "
+                        "Logged per step as llds_noise_gated.",
+                        "come from the current parameters" if same_policy else
+                        f"are within llds_noise_floor={self.lld_noise_floor:g}", d_max)
+            self._lld_warned_noise = True
+        return gated
+
     # ----------------------------------------------------------------------------- per-step logging
-    def _lld_record(self, inputs, logps, old, adv, mask, tool, answer, llds_val, calls) -> None:
+    def _lld_record(self, inputs, logps, old, adv, mask, tool, answer, llds_val, calls, gated=False) -> None:
         ent = self._lld_stash.get("entropies")
         n = logps.shape[0]
         with torch.no_grad():
@@ -346,6 +481,7 @@ class LLDGRPOTrainer(GRPOTrainer):
                 rec["logp_ref"] = ref.detach().float().cpu()
             if llds_val is not None:
                 rec["llds_loss"] = torch.tensor([llds_val])
+                rec["llds_gated"] = torch.tensor([float(gated)])
         self._lld_micro.append(rec)
 
     def _lld_end_step(self) -> None:
@@ -364,16 +500,18 @@ class LLDGRPOTrainer(GRPOTrainer):
         calls = torch.cat([m["calls"] for m in micro])
         scalars: dict[str, float] = {}  # Δ signals: RunLogger's step_aggregates over the samples' sums below
         llds_vals = [float(m["llds_loss"]) for m in micro if "llds_loss" in m]
-        # entropy and the LLDS value as sums and counts, added over every rank (one population per step row)
+        gated = [float(m["llds_gated"]) for m in micro if "llds_gated" in m]
+        # entropy as sums and counts, the LLDS shares and gates as sums, added over every rank (one step row)
         parts = torch.tensor([
             float((tok["entropy"] * action).sum()) if "entropy" in tok else 0.0, float(action.sum()),
-            float(np.sum(llds_vals)), float(len(llds_vals)),
+            float(np.sum(llds_vals)), float(len(llds_vals)), float(np.sum(gated)),
         ], dtype=torch.float64)
-        parts = self._lld_gather(parts).view(-1, 4).sum(dim=0)
+        parts = self._lld_gather(parts).view(-1, 5).sum(dim=0)
         if "entropy" in tok:
             scalars["entropy"] = float(parts[0] / parts[1].clamp(min=1))
         if llds_vals:
-            scalars["llds_loss"] = float(parts[2] / parts[3])
+            scalars["llds_loss"] = float(parts[2])  # λ·L_LLDS of the step: the sum of every micro-batch's share
+            scalars["llds_noise_gated"] = float(parts[4] / parts[3])
         elif self.llds_cfg is None:
             scalars["llds_loss"] = 0.0
         groups = torch.cat([m["group"] for m in micro]).numpy()
@@ -455,7 +593,8 @@ class LLDGRPOTrainer(GRPOTrainer):
     def _lld_send(self, step, scalars, samples, tokens) -> None:
         if self.lld_logger is None:
             return
-        clean = {k: v for k, v in scalars.items() if v is not None}
+        # scalars are the main process's to log (its logger writes the step row); other ranks send samples / tokens
+        clean = {k: v for k, v in scalars.items() if v is not None} if self.accelerator.is_main_process else {}
         try:
             self.lld_logger.log_step(step, scalars=clean, samples=samples, tokens=tokens,
                                      all_samples=self._lld_all.pop(step, None))
@@ -463,5 +602,5 @@ class LLDGRPOTrainer(GRPOTrainer):
             log.exception("lld-monitor: could not log step %d", step)
 
 
-__all__ = ["SUPPORTED_TRL", "LLDGRPOTrainer", "UnsupportedTRLError", "check_trl_internals", "old_logps_are_kept",
-           "tool_call_counts"]
+__all__ = ["SUPPORTED_TRL", "LLDGRPOTrainer", "UnsupportedTRLError", "check_trl_internals", "llds_sees_only_noise",
+           "old_logps_are_kept", "tool_call_counts"]
