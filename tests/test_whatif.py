@@ -384,3 +384,20 @@ def test_dashboard_view_states(tmp_path, capsys):
         assert view.state == uw.STALE and view.needs_run and view.n_behind == 1 and len(view.steps) == 1
     w.finish()
     assert uw.trend(np.array([0.0, 2, 4, 6]), np.array([1.0, 100.0, 1.0, 0.0]), span=6).tolist() == [50.5, 1.0, 50.5, 1.0]
+
+
+def test_json_contract_matches_the_readme(tmp_path, capsys):
+    """Every field of the README's `whatif --json` example is in the output (fields may be added, never renamed)."""
+    import re
+
+    from lld_monitor.commands.whatif import STEP_FIELDS
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"`lld-monitor whatif --json`.*?```json\n(.*?)```", text, re.S).group(1)
+    example = json.loads(block)
+    _write_hand_run(tmp_path)
+    doc = _whatif_json(capsys, tmp_path, "--run", "hand")
+    assert set(example) <= set(doc) and set(example["config"]) <= set(doc["config"])
+    assert set(example["steps"][0]) <= set(doc["steps"][0])
+    assert list(doc["steps"][0])[: len(STEP_FIELDS)] == list(STEP_FIELDS)
+    assert {"run", "config", "steps"} <= set(example) and set(STEP_FIELDS) <= set(example["steps"][0])

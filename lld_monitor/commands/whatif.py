@@ -123,6 +123,17 @@ def print_table(doc: dict[str, Any], out) -> None:
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)), file=out)
     for x in rows:
         print("  ".join(v.rjust(w) for v, w in zip(x, widths)), file=out)
+    if has_logged:
+        pairs = [(r["penalty"], r["logged_llds_loss"]) for r in doc["steps"]
+                 if r["penalty"] is not None and r["logged_llds_loss"] is not None]
+        if pairs:
+            import statistics
+
+            below = sum(1 for a, b in pairs if a < b)
+            print(f"this run applied LLDS: median logged llds_loss {_fmt(statistics.median(b for _, b in pairs))} "
+                  f"(the mean over each step's updates, all groups) vs median penalty here "
+                  f"{_fmt(statistics.median(a for a, _ in pairs))} (after the step's last update, logged groups); "
+                  f"lower here on {below} of {len(pairs)} steps", file=out)
     summary = phase_summary(doc["steps"])
     if summary:
         print("median penalty by phase (the detector's phases):", file=out)
