@@ -19,6 +19,7 @@ from lld_monitor.whatif import cache as wc
 
 SETTINGS_KEY = "_whatif_settings"  # the session's LLDS settings, shared by the three pages
 POLL_S = 1.0
+RELAUNCH_S = 30.0  # a live run that logged more: at most one new `lld-monitor whatif` per run this often
 
 
 def current_settings() -> dict[str, Any]:
@@ -61,7 +62,8 @@ def view_and_job(store: str, run: dict[str, Any], cfg: dict[str, Any], start: bo
     entry = jobs.get(key)
     job = entry["job"] if entry else None
     if start and view.needs_run and (job is None or (not job.running and job.error() is None
-                                                     and view.n_token_steps > entry["token_steps"])):
+                                                     and view.n_token_steps > entry["token_steps"]
+                                                     and job.seconds >= RELAUNCH_S)):
         if job is not None:
             job.close()
         job = uw.WhatIfJob(store, view.run_id, cfg)
