@@ -42,6 +42,26 @@ _DUCK_TYPES = {
 _TRANSIENT = (duckdb.IOException, duckdb.InvalidInputException, FileNotFoundError)
 
 RUN_LIST_COLUMNS = list(schema.RUNS.names) + ["steps", "last_step"]
+# integer / boolean columns holding NULLs come back as pandas' nullable dtypes, as DuckDB's .df() returns them
+_NULLABLE: dict[pa.DataType, Any] = {
+    pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype(),
+    pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(), pa.uint32(): pd.UInt32Dtype(),
+    pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
+}
+
+
+def _frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow result as the DataFrame DuckDB's `.df()` gives (same dtypes, nullable where a column has NULLs).
+    Through Arrow because `.df()` builds string columns value by value: 0.75 s for a 200,000-step `steps` table,
+    of which 0.5 s is its run_id column, against 0.09 s this way."""
+    df = table.to_pandas()
+    for i, col in enumerate(table.columns):
+        dtype = _NULLABLE.get(col.type)
+        if dtype is not None and col.null_count:
+            df.isetitem(i, col.to_pandas(types_mapper={col.type: dtype}.get))
+        elif not table.num_rows and pa.types.is_string(col.type):
+            df.isetitem(i, df.iloc[:, i].astype(object))  # .df() gives an empty text column as object
+    return df
 
 
 @dataclass
@@ -201,10 +221,11 @@ class StoreReader:
                 return hit.copy()
             if files and st.current[table]:
                 # one statement straight over the segments (all have exactly the current columns)
-                df = self._con.execute(sql.format(src="read_parquet(?)"), [files, *(params or [])]).df()
+                df = _frame(self._con.sql(sql.format(src="read_parquet(?)"), params=[files, *(params or [])])
+                            .to_arrow_table())
             else:
                 self._relation(table, files).create_view("_q", replace=True)
-                df = self._con.execute(sql.format(src="_q"), params or []).df()
+                df = _frame(self._con.sql(sql.format(src="_q"), params=params or []).to_arrow_table())
             self._result_cache[key] = df
             while len(self._result_cache) > self.cache_entries:
                 self._result_cache.popitem(last=False)
