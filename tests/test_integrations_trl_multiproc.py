@@ -10,7 +10,6 @@ step recomputed from the stored tokens (the paper's response norm: divide by the
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,17 +20,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from _net import free_port  # noqa: E402
+
 from lld_monitor import lld  # noqa: E402
 from lld_monitor.store import open_store_reader  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 LAM = 0.3  # as tests/_trl_multiproc_run.py
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _step_llds_from_tokens(r, run_id: str, step: int, micro: int | None = None) -> float:
@@ -67,7 +62,7 @@ def test_two_processes_logger_on_main_only_and_on_every_rank(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(TESTS / "_trl_multiproc_run.py"), str(tmp_path)]
+           "--master_port", str(free_port()), str(TESTS / "_trl_multiproc_run.py"), str(tmp_path)]
     try:
         proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired as e:  # a collective on a subset of the processes waits forever
