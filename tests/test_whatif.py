@@ -264,6 +264,17 @@ def test_run_with_tokens_but_no_logp_new(tmp_path, capsys):
     assert _tree_digest(tmp_path) == before
 
 
+def test_logged_sample_without_advantage_is_skipped(tmp_path, capsys):
+    w = RunWriter.create(tmp_path, "noadv", "vanilla")
+    w.append("samples", {"step": [0, 0], "sample_idx": [0, 1], "advantage": [1.0, None]})
+    w.append("tokens", {"step": [0] * 4, "sample_idx": [0, 0, 1, 1], "position": [0, 1, 0, 1], "token_id": [1, 2, 1, 2],
+                        "role": ["action"] * 4, "logp_old": [-1.0] * 4, "logp_new": [-1.5, -1.0, -3.0, -3.0]})
+    w.finish()
+    (row,) = _whatif_json(capsys, tmp_path, "--run", "noadv")["steps"]
+    assert (row["n_samples"], row["n_samples_skipped"], row["n_preserved"]) == (1, 1, 1)
+    assert row["llds_raw"] == pytest.approx(0.5 / 2)
+
+
 @pytest.mark.parametrize("lam", ["0", "-0.2", "nan", "inf"])
 def test_lambda_must_be_positive(tmp_path, capsys, lam):
     _write_hand_run(tmp_path)

@@ -53,6 +53,11 @@ class StepBatch:
         return int(len(self.ranks))
 
 
+def _floats(col: pd.Series) -> np.ndarray:
+    """A store column as float64 with NULL as NaN (the reader may hand nullable Float64 / Int64 columns)."""
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+
 def _keys(rank: pd.Series, sample_idx: pd.Series) -> np.ndarray:
     return (rank.to_numpy(dtype="int64") << 32) | (sample_idx.to_numpy(dtype="int64") & 0xFFFFFFFF)
 
@@ -68,11 +73,11 @@ def step_batch(step: int, tokens: pd.DataFrame, samples: pd.DataFrame) -> StepBa
     width = int(pos.max()) + 1 if len(pos) else 0
     role = t["role"].astype(str).to_numpy()
     scored = np.isin(role, SCORED_ROLES)
-    lo = t["logp_old"].to_numpy(dtype="float64")
-    ln = t["logp_new"].to_numpy(dtype="float64")
+    lo = _floats(t["logp_old"])
+    ln = _floats(t["logp_new"])
     missing = scored & ~(np.isfinite(lo) & np.isfinite(ln))
 
-    adv_by_key = dict(zip(_keys(samples["rank"], samples["sample_idx"]), samples["advantage"].to_numpy(dtype="float64"))) \
+    adv_by_key = dict(zip(_keys(samples["rank"], samples["sample_idx"]), _floats(samples["advantage"]))) \
         if len(samples) else {}
     adv = np.array([adv_by_key.get(k, np.nan) for k in uniq], dtype="float64")
     bad_row = ~np.isfinite(adv)
@@ -95,7 +100,7 @@ def step_batch(step: int, tokens: pd.DataFrame, samples: pd.DataFrame) -> StepBa
 
     vs = None
     if len(samples) and "n_searches" in samples and samples["n_searches"].notna().any():
-        vs = float(samples["n_searches"].astype("float64").mean())
+        vs = float(np.nanmean(_floats(samples["n_searches"])))
     if bad_row.any():
         log.debug("step %d: %d logged sample(s) left out (no advantage or a missing log-prob)", step, int(bad_row.sum()))
     return StepBatch(step=int(step), ranks=(uniq[keep] >> 32).astype(np.int32),
