@@ -59,7 +59,8 @@ def probe(config: str | None, pre: int, probes: int, seed: int = 1, heldout: int
     from lld_monitor import lld
     from lld_monitor.backend.config import load_config
     from lld_monitor.backend.env import format_prompt, rollout
-    from lld_monitor.backend.grpo import Trainer, sequence_logprobs
+    from lld_monitor.backend.grpo import Trainer
+    from lld_monitor.backend.model import forward_logprobs
     from lld_monitor.backend.reward import em_reward
     from lld_monitor.store.schema import ROLE_ACTION
 
@@ -79,7 +80,7 @@ def probe(config: str | None, pre: int, probes: int, seed: int = 1, heldout: int
 
     def heldout_ll():
         with torch.no_grad():
-            lp, _ = sequence_logprobs(tr.model, h_ids, h_am, ro.prompt_width, cfg.env.temperature)
+            lp, _ = forward_logprobs(tr.model, h_ids, h_am, ro.prompt_width, cfg.env.temperature, h_act)
         return (lp * h_act).sum(-1)
 
     state = copy.deepcopy((tr.model.state_dict(), tr.opt.state_dict(), tr.sched.state_dict()))

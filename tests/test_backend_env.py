@@ -197,7 +197,7 @@ class _ScriptedLM:
         # we pop the next scripted token for every row that will be asked.
         for i in range(n):
             nxt = self.scripts[i][0] if self.scripts[i] else self.tok.pad_token_id
-            logits[i, -1, nxt] = 0.0
+            logits[i, :, nxt] = 0.0  # at every position: a call may end a row's tokens before its last column
 
         class Out:
             pass
@@ -228,13 +228,16 @@ def test_rollout_masks_observations_and_handles_invalid_actions():
     ]
 
     class AdvancingPolicy(_ScriptedLM):
-        def __call__(self, input_ids, **kw):
-            # the token fed back now is the row's last token; if it equals the script head, advance
-            if input_ids.shape[1] == 1:
+        def __call__(self, input_ids, attention_mask=None, **kw):
+            # after the prompt, a call feeds each row its sampled token (then, for some rows, what the
+            # environment appended); the row's first real new token is the script head it sampled: advance
+            n = input_ids.shape[1]
+            if attention_mask is not None and attention_mask.shape[1] > n:
                 for i in range(input_ids.shape[0]):
-                    if self.scripts[i] and int(input_ids[i, 0]) == self.scripts[i][0]:
+                    real = input_ids[i][attention_mask[i, -n:].bool()]
+                    if len(real) and self.scripts[i] and int(real[0]) == self.scripts[i][0]:
                         self.scripts[i].pop(0)
-            return super().__call__(input_ids, **kw)
+            return super().__call__(input_ids, attention_mask=attention_mask, **kw)
 
     pol = AdvancingPolicy(tok, scripts)
     ro = rollout(pol, tok, ["where was anna kovar born ?"] * 3, r, cfg, torch.Generator().manual_seed(0))

@@ -16,6 +16,7 @@ from typing import Any
 
 from .env import EnvConfig
 from .model import ModelConfig
+from .numerics import NUMERICS
 from .sft import SFTConfig
 from .world import WorldConfig
 
@@ -74,6 +75,9 @@ class TrainConfig:
     # log-probs that differ in the 7th digit from step 0 (measured), and sampling turns that into another
     # run. False lets `threads` speed up a large model on CPU at the price of bit-for-bit reruns.
     deterministic: bool = True
+    # pinned: the same seed and config give the same bits on any x86-64 CPU with AVX2 (backend/numerics.py);
+    # native: this CPU's fastest kernels (about 1.1-1.3x faster here), and another run on another CPU
+    numerics: str = "pinned"
     device: str = "auto"  # auto | cpu | cuda
     model_path: str | None = None  # a local HF causal LM instead of the warm-started tiny model
     corpus: str | None = None  # JSONL corpus for the retriever (default: the generated world)
@@ -95,6 +99,8 @@ class TrainConfig:
             raise ValueError("steps must be >= 0")
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
         g = self.grpo
         n = g.prompts_per_step * g.group_size
         if g.loss_agg not in LOSS_AGGS:

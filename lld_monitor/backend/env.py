@@ -8,21 +8,22 @@ missing close tag, an overlong action) is invalid: the environment appends a cor
 Search-R1 does, and the turn is spent. Everything the environment appends is a *tool* token: it
 stays in the context but is masked from the loss and from every likelihood figure.
 
-The rollout runs every row in lock-step with a KV cache: at each step a row either consumes one
-forced token (an observation it was given) or samples one action token. Prompts are left-padded so
-that response position j is column P+j for every row.
+The rollout samples one action token for every unfinished row at a time (one model call over all
+rows); what the environment appends after an action (an observation, the invalid-action message) goes
+into the model in one more call, all of it at once, for just the rows that got it. Prompts are
+left-padded, so in the returned tensors response position j is column P+j for every row.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from lld_monitor.store.schema import ROLE_ACTION, ROLE_TOOL
 
+from .model import decoder
 from .retriever import Retriever, format_observation
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,6 @@ class Rollout:
 
 @dataclass
 class _Row:
-    queue: deque
     tokens: list = field(default_factory=list)
     roles: list = field(default_factory=list)
     turn: list = field(default_factory=list)
@@ -155,21 +155,15 @@ def rollout(model, tokenizer, prompts: Sequence[str], retriever: Retriever, cfg:
     for i, e in enumerate(enc):
         prompt[i, P - len(e):] = torch.tensor(e)
         pmask[i, P - len(e):] = 1
-    rows = [_Row(queue=deque()) for _ in range(N)]
+    rows = [_Row() for _ in range(N)]
     was_training = model.training
     model.eval()
-    am = pmask.to(device)
-    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    # every response is at most max_response_tokens; a call may write that many padded columns past a row's end
+    dec = decoder(model, N, P + 2 * cfg.max_response_tokens + 1)
     with torch.no_grad():
-        out = model(input_ids=prompt.to(device), attention_mask=am, position_ids=pos, use_cache=True)
-        cache = out.cache
-        logits = out.logits[:, -1, :]
-        next_pos = pos[:, -1] + 1
-        t = 0
+        logits = dec.start(prompt.to(device), pmask.to(device))
         while True:
-            if all(r.done for r in rows) or t >= cfg.max_response_tokens:
-                break
-            # sample for every row (cheap), then override forced / finished rows
+            # sample for every row (cheap; finished rows' draws are dropped)
             scaled = logits.float() / max(cfg.temperature, 1e-6)
             probs = torch.softmax(scaled, dim=-1)
             if cfg.top_p < 1.0:
@@ -178,24 +172,15 @@ def rollout(model, tokenizer, prompts: Sequence[str], retriever: Retriever, cfg:
                 sp = sp * keep
                 probs = torch.zeros_like(probs).scatter_(-1, si, sp)
             sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
-            nxt = [pad] * N
-            live = [1] * N
+            forced: dict[int, list[int]] = {}  # what the environment appends after this token
             pending: list[tuple[int, str]] = []
             for i, r in enumerate(rows):
                 if r.done:
-                    live[i] = 0
-                    continue
-                if r.queue:
-                    tok = r.queue.popleft()
-                    r.tokens.append(tok)
-                    r.roles.append(ROLE_TOOL)
-                    nxt[i] = tok
                     continue
                 tok = sampled[i]
                 r.tokens.append(tok)
                 r.roles.append(ROLE_ACTION)
                 r.turn.append(tok)
-                nxt[i] = tok
                 ended = stop.stopped(r.turn)
                 if not ended and len(r.turn) < cfg.max_action_tokens:
                     continue
@@ -214,25 +199,39 @@ def rollout(model, tokenizer, prompts: Sequence[str], retriever: Retriever, cfg:
                 elif final:
                     r.done = True
                 else:
-                    r.queue.extend(invalid_ids)
+                    forced[i] = list(invalid_ids)
             if pending:
                 hits = retriever.search([q for _, q in pending], cfg.topk)
                 for (i, _), h in zip(pending, hits):
-                    rows[i].queue.extend(_encode(tokenizer, observation_text(h, cfg)))
+                    forced[i] = _encode(tokenizer, observation_text(h, cfg))
+            one, chunks = [], []  # rows that feed their sampled token alone / followed by tool tokens
             for i, r in enumerate(rows):
-                if not r.done and len(r.tokens) >= cfg.max_response_tokens:
+                if r.done:
+                    continue
+                tool = forced.get(i, [])[: max(0, cfg.max_response_tokens - len(r.tokens))]
+                r.tokens += tool
+                r.roles += [ROLE_TOOL] * len(tool)
+                if len(r.tokens) >= cfg.max_response_tokens:
                     r.done = True
-            t += 1
+                elif tool:
+                    chunks.append((i, [sampled[i]] + tool))
+                else:
+                    one.append(i)
             if all(r.done for r in rows):
                 break
-            inp = torch.tensor(nxt, dtype=torch.long, device=device).unsqueeze(-1)
-            am = torch.cat([am, torch.tensor(live, dtype=torch.long, device=device).unsqueeze(-1)], dim=-1)
-            out = model(
-                input_ids=inp, attention_mask=am, position_ids=next_pos.unsqueeze(-1), cache=cache, use_cache=True
-            )
-            cache = out.cache
-            logits = out.logits[:, -1, :]
-            next_pos = next_pos + 1
+            if one:  # every row in one call (no gather of the cache); the others feed nothing
+                counts = torch.zeros(N, dtype=torch.long, device=device)
+                counts[one] = 1
+                out = dec.feed(None, torch.tensor(sampled, dtype=torch.long, device=device)[:, None], counts)
+                logits[one] = out[one].to(logits.dtype)
+            if chunks:
+                idx = torch.tensor([i for i, _ in chunks], dtype=torch.long, device=device)
+                width = max(len(c) for _, c in chunks)
+                toks = torch.full((len(chunks), width), pad, dtype=torch.long, device=device)
+                for j, (_, c) in enumerate(chunks):
+                    toks[j, : len(c)] = torch.tensor(c)
+                counts = torch.tensor([len(c) for _, c in chunks], dtype=torch.long, device=device)
+                logits[idx] = dec.feed(idx, toks, counts).to(logits.dtype)
     if was_training:
         model.train()
     T = max(1, max(len(r.tokens) for r in rows))

@@ -22,7 +22,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import TrainConfig
 
@@ -61,17 +61,6 @@ def _pick_device(pref: str, dist: DistInfo):
             raise RuntimeError("device 'cuda' requested but no GPU is available; use --device cpu")
         return torch.device("cuda", dist.local_rank)
     return torch.device("cpu")
-
-
-def sequence_logprobs(model, input_ids, attention_mask, prompt_width: int, temperature: float):
-    """ln π and entropy of every response token ([N, T] each), one forward."""
-    from lld_monitor import lld
-
-    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
-    resp_logits = logits[:, prompt_width - 1 : -1, :]
-    targets = input_ids[:, prompt_width:]
-    return lld.logprobs_and_entropy(resp_logits, targets, temperature)
 
 
 def token_texts(tok) -> list[str]:
@@ -113,6 +102,9 @@ class Trainer:
     """Builds everything from a TrainConfig; `train()` runs the steps and returns the run id."""
 
     def __init__(self, cfg: TrainConfig, store: str, run_name: str, progress: bool = True, run_id: str | None = None):
+        from . import numerics
+
+        numerics.require(cfg.numerics)  # before torch loads: the pinned kernels are chosen then
         import torch
 
         from .model import load_model
@@ -120,7 +112,6 @@ class Trainer:
         from .sft import warmstart
         from .world import build_world
 
-        self.cfg = cfg
         self.store = store
         self.run_name = run_name
         self.progress = progress
@@ -128,21 +119,28 @@ class Trainer:
         torch.set_num_threads(cpu_threads(cfg))
         self.dist = init_distributed("cuda" if cfg.device == "cuda" else "cpu")
         self.device = _pick_device(cfg.device, self.dist)
+        if self.device.type != "cpu" and cfg.numerics == "pinned":
+            log.warning("pinned numerics are CPU kernels; on %s this run uses the device's native kernels", self.device)
+            cfg = replace(cfg, numerics="native")
+        self.cfg = cfg
         self.world = build_world(cfg.world)
         if cfg.model_path:
             self.model, self.tok = load_model(cfg.model_path, "cpu")
             self.model_name = str(cfg.model_path)
         else:
+            def load():
+                return warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world, numerics=cfg.numerics)
+
             if self.dist.enabled:  # rank 0 trains/caches the warm start first; the others then load it
                 import torch.distributed as tdist
 
                 if self.dist.rank == 0:
-                    self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
+                    self.model, self.tok, ckpt = load()
                 tdist.barrier()
                 if self.dist.rank != 0:
-                    self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
+                    self.model, self.tok, ckpt = load()
             else:
-                self.model, self.tok, ckpt = warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world)
+                self.model, self.tok, ckpt = load()
             self.model_name = f"qwen2-tiny (warm start {ckpt.name})"
         if cfg.retriever_url:
             self.retriever = HTTPRetriever(cfg.retriever_url)
@@ -207,6 +205,7 @@ class Trainer:
         from lld_monitor.store.schema import ROLE_ACTION, ROLE_ANSWER
 
         from .env import format_prompt, rollout
+        from .model import forward_logprobs
         from .reward import em_reward
 
         cfg, g = self.cfg, self.cfg.grpo
@@ -227,8 +226,8 @@ class Trainer:
         role[ans.cpu()] = ROLE_ANSWER
         temp = cfg.env.temperature
         with torch.no_grad():
-            logp_old, ent_old = sequence_logprobs(self.model, ids, am, P, temp)
-            logp_ref = sequence_logprobs(self.ref, ids, am, P, temp)[0] if self.ref is not None else None
+            logp_old, ent_old = forward_logprobs(self.model, ids, am, P, temp, act)
+            logp_ref = forward_logprobs(self.ref, ids, am, P, temp, act)[0] if self.ref is not None else None
         t_ref = time.perf_counter() - t0 - t_gen
         vs_mean = float(sum(ro.n_searches)) / len(rows)
         if self.dist.enabled:
@@ -253,7 +252,7 @@ class Trainer:
                 m = act[sl, :width]
                 lo = logp_old[sl, :width]
                 lr_ = logp_ref[sl, :width] if logp_ref is not None else None
-                logp, ent = sequence_logprobs(self.ddp, x, a, P, temp)
+                logp, ent = forward_logprobs(self.ddp, x, a, P, temp, m)
                 loss, st = lld.ppo_clip_loss(logp, lo, adv_d[sl], m, g.clip_eps, logp_ref=lr_, kl_coef=g.kl_coef, agg=g.loss_agg)
                 ent_mean = (ent * m).sum() / m.sum().clamp(min=1)
                 if g.entropy_coef:
@@ -287,7 +286,7 @@ class Trainer:
         self.sched.step()
         t_upd = time.perf_counter() - t0 - t_gen - t_ref
         with torch.no_grad():
-            logp_new, _ = sequence_logprobs(self.model, ids, am, P, temp)
+            logp_new, _ = forward_logprobs(self.model, ids, am, P, temp, act)
         step_time = time.perf_counter() - t0
         return self._log_payload(step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
                                  ent_old, upd, vs_mean, dict(step=step_time, gen=t_gen, ref=t_ref, update_actor=t_upd),

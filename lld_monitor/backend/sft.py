@@ -35,7 +35,8 @@ from .world import World, WorldConfig, build_world
 
 log = logging.getLogger(__name__)
 
-WARMSTART_VERSION = 1  # bump when this file changes what a checkpoint contains
+# bump when this file changes what a checkpoint contains. 2: trained with TinyLM under the run's numerics
+WARMSTART_VERSION = 2
 ASSETS = Path(__file__).parent / "assets" / "warmstart"
 
 
@@ -65,21 +66,21 @@ def _key_part(section: str, values: dict) -> dict:
     return {k: v for k, v in values.items() if not (k in later and v == later[k])}
 
 
-def cache_key(world: WorldConfig, model: ModelConfig, sft: SFTConfig, env: EnvConfig) -> str:
-    import torch
+def cache_key(world: WorldConfig, model: ModelConfig, sft: SFTConfig, env: EnvConfig, numerics: str = "pinned") -> str:
+    from importlib.metadata import version
 
     env_part = {k: v for k, v in env.to_dict().items() if k in ("topk", "max_obs_words", "prompt_template")}
-    blob = json.dumps(
-        {
-            "version": WARMSTART_VERSION,
-            "world": _key_part("world", world.to_dict()),
-            "model": model.to_dict(),
-            "sft": sft.to_dict(),
-            "env": env_part,
-            "torch": ".".join(torch.__version__.split(".")[:2]),
-        },
-        sort_keys=True,
-    )
+    key = {
+        "version": WARMSTART_VERSION,
+        "world": _key_part("world", world.to_dict()),
+        "model": model.to_dict(),
+        "sft": sft.to_dict(),
+        "env": env_part,
+        "torch": ".".join(version("torch").split(".")[:2]),
+    }
+    if numerics != "pinned":  # a checkpoint trained with this CPU's own kernels is this CPU's only
+        key["numerics"] = numerics
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -123,7 +124,8 @@ def demonstrations(world: World, retriever: BM25Retriever, env: EnvConfig, cfg: 
     return prompts, segments
 
 
-def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, out_dir: Path, seed: int = 0):
+def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, out_dir: Path,
+                    numerics: str = "pinned"):
     """Train the warm-start checkpoint and save it (model + tokenizer) to `out_dir`."""
     import torch
     from tqdm import tqdm
@@ -131,7 +133,7 @@ def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: E
     t0 = time.time()
     torch.manual_seed(sft.seed)
     tok = build_tokenizer(world.texts())
-    model = build_model(model_cfg, tok, seed=sft.seed)
+    model = build_model(model_cfg, tok, seed=sft.seed, fixed_matmul=numerics == "pinned")
     retriever = BM25Retriever(world.documents)
     prompts, segments = demonstrations(world, retriever, env, sft)
     ids, am, P, resp, rmask, role = pack_sequences(tok, prompts, segments)
@@ -150,12 +152,12 @@ def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: E
         # trim to the longest response in the batch
         width = P + int(lm.sum(0).nonzero().max().item()) + 1 if lm.sum() > 0 else ids.shape[1]
         x, a, p, lm = x[:, :width], a[:, :width], p[:, :width], lm[:, : width - P]
-        logits = model(input_ids=x, attention_mask=a, position_ids=p).logits
-        resp_logits = logits[:, P - 1 : width - 1, :]
-        nll = torch.nn.functional.cross_entropy(
-            resp_logits.reshape(-1, resp_logits.shape[-1]).float(), x[:, P:width].reshape(-1), reduction="none"
-        ).view(lm.shape)
-        loss = (nll * lm).sum() / lm.sum().clamp(min=1)
+        # logits only where the loss is: the action tokens of the responses
+        select = torch.zeros_like(x, dtype=torch.bool)
+        select[:, P - 1 : width - 1] = lm.bool()
+        logits = model(x, a, p, select=select)
+        nll = torch.nn.functional.cross_entropy(logits, x[:, P:width][lm.bool()], reduction="sum")
+        loss = nll / lm.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -170,23 +172,31 @@ def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: E
     return model, tok
 
 
-def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, world: World | None = None):
-    """Return (model, tokenizer, checkpoint_dir), training and caching the checkpoint if needed."""
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, world: World | None = None,
+              numerics: str = "pinned"):
+    """Return (model, tokenizer, checkpoint_dir), training and caching the checkpoint if needed.
 
-    key = cache_key(world_cfg, model_cfg, sft, env)
+    The model is a `TinyLM` computing with `numerics` (backend/numerics.py); the checkpoint is a Hugging
+    Face model directory either way."""
+    from . import numerics as numerics_
+    from .tinylm import TinyLM
+    from .tokenizer import load_tokenizer
+
+    numerics_.require(numerics)
+    key = cache_key(world_cfg, model_cfg, sft, env, numerics)
+    # a checkpoint trained with pinned numerics (the shipped ones) serves native runs too: loading is exact
+    keys = [cache_key(world_cfg, model_cfg, sft, env), key] if numerics != "pinned" else [key]
 
     def load(d: Path):
         log.info("warm start: using cached checkpoint %s", d)
-        tok = PreTrainedTokenizerFast.from_pretrained(d)
-        model = AutoModelForCausalLM.from_pretrained(d, attn_implementation=model_cfg.attn_implementation)
-        return model, tok, d
+        return TinyLM.from_pretrained(d, fixed_matmul=numerics == "pinned"), load_tokenizer(d), d
 
     def cached() -> Path | None:
-        for base in (ASSETS, user_cache_dir() / "warmstart"):
-            d = base / key
-            if (d / "config.json").is_file() and (d / "tokenizer.json").is_file():
-                return d
+        for k in keys:
+            for base in (ASSETS, user_cache_dir() / "warmstart"):
+                d = base / k
+                if (d / "config.json").is_file() and (d / "tokenizer.json").is_file():
+                    return d
         return None
 
     if (d := cached()) is not None:
@@ -197,7 +207,7 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
     # same checkpoint; an exclusive lock makes the first one train it and the others wait and load it.
     with _exclusive_lock(final.parent / f".{key}.lock"):
         if (d := cached()) is None:
-            _train_into_cache(world or build_world(world_cfg), model_cfg, sft, env, key, final)
+            _train_into_cache(world or build_world(world_cfg), model_cfg, sft, env, key, final, numerics)
             d = final
     return load(d)
 
@@ -228,11 +238,12 @@ def _try_flock(fcntl, fh) -> bool:
         return False
 
 
-def _train_into_cache(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, key: str, final: Path):
+def _train_into_cache(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, key: str, final: Path,
+                      numerics: str):
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
     log.info("warm start: no cached checkpoint for key %s; training one (once)", key)
     try:
-        train_warmstart(world, model_cfg, sft, env, tmp)
+        train_warmstart(world, model_cfg, sft, env, tmp, numerics)
         try:
             os.replace(tmp, final)
         except OSError:  # another process finished first

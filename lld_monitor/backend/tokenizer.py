@@ -36,3 +36,10 @@ def build_tokenizer(texts: Iterable[str], extra: Iterable[str] = ()):
         tokenizer_object=tok, pad_token=PAD, unk_token=UNK, eos_token=EOS, clean_up_tokenization_spaces=False
     )
     return fast
+
+
+def load_tokenizer(path):
+    """The tokenizer saved beside a checkpoint (`save_pretrained`)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(path)

@@ -12,7 +12,18 @@ HELP = "list the runs in a store (name, mode, source, status, steps, last step, 
 
 #: the public `runs --json` fields, in order (docs/store.md); more may be added, none renamed
 JSON_FIELDS = ("run_id", "name", "mode", "source", "status", "steps", "last_step", "started_at", "ended_at",
-               "updated_at", "model", "world_size", "schema_version")
+               "updated_at", "model", "world_size", "schema_version", "numerics")
+
+
+def _numerics(config: Any) -> str | None:
+    """The built-in trainer's numerics (pinned | native) from a run's config; None for other runs."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return None
+    value = config.get("numerics") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +67,7 @@ def runs_json(store: str) -> dict[str, Any]:
     out = []
     for rec in df.to_dict(orient="records"):
         row = {}
+        rec["numerics"] = _numerics(rec.get("config"))
         for k in JSON_FIELDS:
             v = rec.get(k)
             row[k] = None if (v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v))) else _jsonable(v)
@@ -78,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs in {args.store}")
         return 0
-    cols = ("name", "mode", "source", "status", "steps", "last_step", "updated_at", "run_id")
+    cols = ("name", "mode", "source", "status", "steps", "last_step", "numerics", "updated_at", "run_id")
     table = [[("" if r[c] is None else str(r[c])) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))

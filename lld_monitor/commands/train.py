@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="default auto (GPU if there is one)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1); used only with "
                    "\"deterministic\": false in the config: by default training runs on 1 thread so a seed is one run, bit-for-bit")
+    p.add_argument("--numerics", choices=("pinned", "native"), default=None,
+                   help="pinned (default): the same seed and config give the same run on any x86-64 CPU with AVX2; "
+                   "native: this CPU's fastest kernels, another run on another CPU (docs/backend.md, Reproducibility)")
     p.add_argument("--corpus", default=None, help="JSONL corpus for BM25 instead of the generated world")
     p.add_argument("--retriever-url", default=None, help="Search-R1 style /retrieve URL instead of local BM25")
     p.add_argument("--run-id", default=None, help="explicit run id (default: derived from the name and the time)")
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(
             args.config, mode=args.mode, steps=args.steps, seed=args.seed, model_path=args.model, device=args.device,
-            threads=args.threads, corpus=args.corpus, retriever_url=args.retriever_url,
+            threads=args.threads, numerics=args.numerics, corpus=args.corpus, retriever_url=args.retriever_url,
         )
     except (FileNotFoundError, ValueError, TypeError) as e:
         print(f"lld-monitor train: bad config: {e}", file=sys.stderr)
