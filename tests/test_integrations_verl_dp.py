@@ -13,7 +13,7 @@ import logging
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("verl", reason="verl is an optional extra (docs/integrations.md, 'Installing verl')")
+pytest.importorskip("verl", reason="verl is an optional extra (docs/integrations.md, 'Installing: two paths')")
 
 from tensordict import TensorDict  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("verl", reason="verl is an optional extra (docs/integrations.md, 'Installing verl')")
+pytest.importorskip("verl", reason="verl is an optional extra (docs/integrations.md, 'Installing: two paths')")
 pytest.importorskip("ray")
 
 TESTS = Path(__file__).resolve().parent
