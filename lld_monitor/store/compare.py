@@ -50,3 +50,54 @@ def run_differences(ra: StoreReader, run_a: str, rb: StoreReader, run_b: str, to
         xa, xb = (t.drop(columns=["run_id"]).reset_index(drop=True) for t in (ra.tokens(run_a, st), rb.tokens(run_b, st)))
         out += _frame_differences(f"tokens@{st}", xa, xb)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# fingerprints: one sha256 per run, what a rerun on another machine must reproduce
+# ---------------------------------------------------------------------------------------------
+def _column_bytes(col: pd.Series) -> bytes:
+    import numpy as np
+
+    kind = getattr(col.dtype, "kind", "O")
+    if kind == "f":
+        a = col.astype("float64").to_numpy(dtype="float64", na_value=np.nan).copy()
+        a[np.isnan(a)] = np.nan  # one NaN bit pattern
+        return a.astype("<f8").tobytes()
+    if kind in "iub":
+        na = col.isna().to_numpy()
+        a = col.astype("float64" if na.any() else "int64").to_numpy()
+        return na.tobytes() + np.asarray(a).astype("<f8" if na.any() else "<i8").tobytes()
+    return "\x1f".join("\x00NA" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else str(v)
+                       for v in col.tolist()).encode("utf-8")
+
+
+def _frame_digest(h, what: str, df: pd.DataFrame, keys: list[str]) -> None:
+    df = df.sort_values([k for k in keys if k in df.columns], kind="stable").reset_index(drop=True)
+    h.update(f"{what}:{len(df)}\n".encode())
+    for c in sorted(df.columns):
+        h.update(f"{c}\n".encode())
+        h.update(_column_bytes(df[c]))
+
+
+def run_fingerprint(reader: StoreReader, run_id: str, steps: int | None = None) -> str:
+    """sha256 over what a run computed in its first `steps` steps (None: all): every step row, metric,
+    sample and logged token, wall-clock columns and the run id left out (the same as `run_differences`
+    compares). Two runs have the same fingerprint exactly when they are the same run, bit for bit."""
+    import hashlib
+
+    def head(df: pd.DataFrame) -> pd.DataFrame:
+        return df if steps is None else df[df.step < steps]
+
+    h = hashlib.sha256()
+    _frame_digest(h, "steps", head(reader.steps(run_id)).drop(columns=["run_id", *WALL_CLOCK_STEP_COLUMNS],
+                                                              errors="ignore"), ["step"])
+    m = head(reader.metrics(run_id))
+    _frame_digest(h, "metrics", m[~m.key.str.startswith(WALL_CLOCK_METRIC_PREFIX)].drop(columns=["run_id"],
+                                                                                          errors="ignore"), ["step", "key"])
+    _frame_digest(h, "samples", head(reader.samples(run_id)).drop(columns=["run_id"], errors="ignore"),
+                  ["step", "rank", "sample_idx"])
+    for st in reader.token_steps(run_id):
+        if steps is None or st < steps:
+            _frame_digest(h, f"tokens@{st}", reader.tokens(run_id, st).drop(columns=["run_id"], errors="ignore"),
+                          ["rank", "sample_idx", "position"])
+    return h.hexdigest()
