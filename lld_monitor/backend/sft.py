@@ -128,9 +128,22 @@ def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: E
                     numerics: str = "pinned"):
     """Train the warm-start checkpoint and save it (model + tokenizer) to `out_dir`."""
     import torch
-    from tqdm import tqdm
 
     t0 = time.time()
+    threads = torch.get_num_threads()
+    if numerics == "pinned":
+        torch.set_num_threads(1)  # the thread count changes how reductions split, and so the bits
+    try:
+        return _train(world, model_cfg, sft, env, out_dir, numerics, t0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, out_dir: Path, numerics: str,
+           t0: float):
+    import torch
+    from tqdm import tqdm
+
     torch.manual_seed(sft.seed)
     tok = build_tokenizer(world.texts())
     model = build_model(model_cfg, tok, seed=sft.seed, fixed_matmul=numerics == "pinned")
