@@ -9,7 +9,7 @@ reach the population, and does vanilla's update displace it?
 
 1. train `--pre` steps in `--pre-mode` (vanilla) from the warm start, as `lld-monitor train` would;
 2. sample one response for each of `--heldout` random questions (seeded) and keep the correct ones;
-3. for each of the next `--probes` steps: restore the state (model, optimizer, lr schedule), run the step
+3. for each of the next `--probes` steps: restore the state (model, optimizer; the lr follows the step), run the step
    as vanilla; restore, run it as LLDS (the config's `llds` section). Both arms see the same rollouts
    (same state, seeded sampling), so every difference between them is the regularizer's.
 
@@ -83,7 +83,7 @@ def probe(config: str | None, pre: int, probes: int, seed: int = 1, heldout: int
             lp, _ = forward_logprobs(tr.model, h_ids, h_am, ro.prompt_width, cfg.env.temperature, h_act)
         return (lp * h_act).sum(-1)
 
-    state = copy.deepcopy((tr.model.state_dict(), tr.opt.state_dict(), tr.sched.state_dict()))
+    state = copy.deepcopy((tr.model.state_dict(), tr.opt.state_dict()))
     base = heldout_ll()
     arms = {"vanilla": None, "llds": lld.LLDSConfig(lam=cfg.llds.lam, gate=cfg.llds.gate, norm=cfg.llds.norm)}
     out = {"reward_at_state": reward, "heldout_correct": len(ok), "heldout": len(qs), "steps": []}
@@ -92,7 +92,6 @@ def probe(config: str | None, pre: int, probes: int, seed: int = 1, heldout: int
         for arm, llds_cfg in arms.items():
             tr.model.load_state_dict(state[0])
             tr.opt.load_state_dict(state[1])
-            tr.sched.load_state_dict(state[2])
             tr.llds_cfg = llds_cfg
             smp = tr.step(step)["samples"]
             d, adv, rew = smp["logp_new_sum"] - smp["logp_old_sum"], smp["advantage"], smp["reward"]

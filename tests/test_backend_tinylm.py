@@ -195,3 +195,36 @@ def test_avx512_and_avx2_kernels_give_the_same_bits(tmp_path):
             assert torch.equal(a, b), key
         if isinstance(value, tuple):
             assert torch.equal(value[0], value[1]), key  # packed once and reused == packed per call
+
+
+def test_adamw_is_torchs_single_tensor_adamw_bit_for_bit():
+    """The trainer's AdamW (no torch.optim: its first call imports torch._dynamo, ≈ 2 s of start-up) makes
+    the same update as torch.optim.AdamW(foreach=False), with weight decay and two parameter groups."""
+    from lld_monitor.backend.adamw import AdamW
+
+    g = torch.Generator().manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3, generator=g)), torch.nn.Parameter(torch.randn(4, generator=g))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    o1 = AdamW([{"params": [ours[0]]}, {"params": [ours[1]], "lr": 3e-3}], lr=1e-2, weight_decay=0.1)
+    o2 = torch.optim.AdamW([{"params": [theirs[0]]}, {"params": [theirs[1]], "lr": 3e-3}], lr=1e-2, weight_decay=0.1,
+                           foreach=False)
+    for _ in range(6):
+        for p, q in zip(ours, theirs):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        o1.step()
+        o2.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
+    o1.set_lr_factor(0.5)
+    assert [grp["lr"] for grp in o1.param_groups] == [5e-3, 1.5e-3]
+
+
+@pytest.mark.slow
+def test_the_trainer_starts_without_transformers_or_dynamo(tmp_path):
+    """Start-up is mostly imports: the built-in model, tokenizer and optimizer must not pull in transformers
+    (≈ 1.5 s) or torch._dynamo (≈ 2 s, what torch.optim imports on its first call)."""
+    code = ("import sys; from lld_monitor.cli import main; "
+            f"rc = main(['train', '--steps', '1', '--store', {str(tmp_path)!r}, '--no-progress']); "
+            "print(rc, 'transformers' in sys.modules, 'torch._dynamo' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.stdout.split()[-3:] == ["0", "False", "False"], res.stdout + res.stderr[-2000:]

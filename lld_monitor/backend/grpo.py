@@ -107,6 +107,7 @@ class Trainer:
         numerics.require(cfg.numerics)  # before torch loads: the pinned kernels are chosen then
         import torch
 
+        from .adamw import AdamW
         from .model import load_model
         from .retriever import BM25Retriever, HTTPRetriever, load_jsonl_corpus
         from .sft import warmstart
@@ -163,11 +164,9 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.opt = torch.optim.AdamW(params, lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
-        # verl's schedule: linear warm-up over `warmup_steps` GRPO steps, then constant
-        # (Search-R1's official GRPO run warms up over 286 of its 1005 steps)
-        warm = g.warmup_steps  # >= 0, checked by TrainConfig
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        # verl's schedule, set at each step (adamw.lr_at): linear warm-up over `warmup_steps` GRPO steps, then
+        # constant (Search-R1's official GRPO run warms up over 286 of its 1005 steps)
+        self.opt = AdamW(params, lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
         self.open_ids = self.tok.encode("<answer>", add_special_tokens=False)
         self.close_ids = self.tok.encode("</answer>", add_special_tokens=False)
         self.llds_cfg = self._llds_config()
@@ -204,6 +203,7 @@ class Trainer:
         from lld_monitor import lld
         from lld_monitor.store.schema import ROLE_ACTION, ROLE_ANSWER
 
+        from .adamw import lr_at
         from .env import format_prompt, rollout
         from .model import forward_logprobs
         from .reward import em_reward
@@ -237,6 +237,7 @@ class Trainer:
             dist.all_reduce(t)
             vs_mean = float(t.item()) / self.dist.world_size
         # ---- updates
+        self.opt.set_lr_factor(lr_at(step, g.warmup_steps))
         n = len(rows)
         mb = n // g.num_minibatches
         upd = {k: [] for k in ("grad_norm", "clip_frac", "kl", "pg_loss", "llds_loss", "entropy", "ppo_kl", "reduce_chunk", "beta", "loss")}
@@ -283,7 +284,6 @@ class Trainer:
                 upd["entropy"].append(float(ent_mean.detach()))
                 upd["loss"].append(float(loss.detach()))
         lr_step = self.opt.param_groups[0]["lr"]
-        self.sched.step()
         t_upd = time.perf_counter() - t0 - t_gen - t_ref
         with torch.no_grad():
             logp_new, _ = forward_logprobs(self.model, ids, am, P, temp, act)

@@ -144,6 +144,8 @@ def _train(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig,
     import torch
     from tqdm import tqdm
 
+    from .adamw import AdamW
+
     torch.manual_seed(sft.seed)
     tok = build_tokenizer(world.texts())
     model = build_model(model_cfg, tok, seed=sft.seed, fixed_matmul=numerics == "pinned")
@@ -152,14 +154,12 @@ def _train(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig,
     ids, am, P, resp, rmask, role = pack_sequences(tok, prompts, segments)
     loss_mask = (rmask & (role == ROLE_ACTION)).float()
     pos = (am.cumsum(-1) - 1).clamp(min=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, sft.warmup_steps)) * max(0.05, 1 - s / max(1, sft.steps))
-    )
+    opt = AdamW(model.parameters(), lr=sft.lr, weight_decay=sft.weight_decay)
     g = torch.Generator().manual_seed(sft.seed)
     model.train()
     bar = tqdm(range(sft.steps), desc="warm start (SFT)", leave=False)
     for step in bar:
+        opt.set_lr_factor(min(1.0, (step + 1) / max(1, sft.warmup_steps)) * max(0.05, 1 - step / max(1, sft.steps)))
         idx = torch.randint(0, ids.shape[0], (sft.batch_size,), generator=g)
         x, a, p, lm = ids[idx], am[idx], pos[idx], loss_mask[idx]
         # trim to the longest response in the batch
@@ -175,7 +175,6 @@ def _train(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     out_dir.mkdir(parents=True, exist_ok=True)
