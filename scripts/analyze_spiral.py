@@ -164,6 +164,82 @@ def goal(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Issue 28's restated bar, written down before any tuning (`--bar`); one config, seeds paired across arms.
+BAR_LLDS_PEAK_FRAC = 0.75  # LLDS's last-20 mean >= this x its own (smoothed) peak ...
+BAR_LLDS_PEAK_STRETCH = 0.85  # ... and the stretch goal
+BAR_MECHANISM_DELTA = -0.05  # nats per response: LLDS's all-correct groups' mean Δ stays above, vanilla's falls below
+BAR_CPU_MINUTES = 5.0
+
+
+def _a0_correct_delta(store: str) -> dict[str, float]:
+    """Per run: the mean same-token Δ (nats per response) of its all-correct groups' responses over the run."""
+    from lld_monitor.store import open_store_reader
+
+    r = open_store_reader(store)
+    out = {}
+    for _, run in r.runs().iterrows():
+        s = r.samples(run.run_id)
+        a0 = s[(s.advantage == 0) & (s.reward > 0)]
+        out[run["name"]] = float((a0.logp_new_sum - a0.logp_old_sum).mean()) if len(a0) else math.nan
+    r.close()
+    return out
+
+
+def _cpu_minutes(store: str) -> dict[str, float]:
+    """Per run name: CPU minutes of its trainer process, as scripts/run_spiral_experiment.py recorded them."""
+    from pathlib import Path
+
+    path = Path(store).parent / "logs" / "cpu.jsonl"
+    out = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            out[rec["run_name"]] = rec["cpu_s"] / 60
+    return out
+
+
+def bar(rows: list[dict], store: str) -> str:
+    """The per-seed table and the counts against issue 28's restated bar (constants above)."""
+    by = {(r["mode"], r["seed"]): r for r in rows}
+    seeds = sorted({s for m, s in by if m == "vanilla"} & {s for m, s in by if m == "llds"})
+    delta = _a0_correct_delta(store)
+    cpu = _cpu_minutes(store)
+    out = ["| seed | vanilla: collapse (step), last 20, paper order | LLDS: collapse, last 20, x peak | LLDS >= vanilla "
+           "| all-correct groups' Δ, vanilla / LLDS | CPU min (vanilla / LLDS) |", "|---|---|---|---|---|---|"]
+    counts = {k: 0 for k in ("llds_collapse", "paired", "peak", "stretch", "van_collapse", "order", "mechanism", "cpu")}
+    for s in seeds:
+        v, lr = by[("vanilla", s)], by[("llds", s)]
+        frac = lr["reward_last20"] / lr["reward_peak"] if lr["reward_peak"] else math.nan
+        dv, dl = delta.get(v["run"], math.nan), delta.get(lr["run"], math.nan)
+        mech = dl >= BAR_MECHANISM_DELTA > dv
+        cv, cl = cpu.get(v["run"]), cpu.get(lr["run"])
+        counts["llds_collapse"] += lr["collapse_step"] is not None
+        counts["paired"] += lr["reward_last20"] >= v["reward_last20"]
+        counts["peak"] += lr["collapse_step"] is None and frac >= BAR_LLDS_PEAK_FRAC
+        counts["stretch"] += lr["collapse_step"] is None and frac >= BAR_LLDS_PEAK_STRETCH
+        counts["van_collapse"] += v["collapse_step"] is not None
+        counts["order"] += bool(v["paper_order"])
+        counts["mechanism"] += mech
+        counts["cpu"] += all(c is not None and c <= BAR_CPU_MINUTES for c in (cv, cl))
+        out.append(f"| {s} | {v['collapse_step'] if v['collapse_step'] is not None else '–'}, {v['reward_last20']:.2f}, "
+                   f"{'yes' if v['paper_order'] else 'no'} | {lr['collapse_step'] if lr['collapse_step'] is not None else '–'}, "
+                   f"{lr['reward_last20']:.2f}, {frac:.2f} | {'yes' if lr['reward_last20'] >= v['reward_last20'] else 'no'} "
+                   f"| {dv:+.3f} / {dl:+.3f} {'(separates)' if mech else ''} "
+                   f"| {'?' if cv is None else f'{cv:.1f}'} / {'?' if cl is None else f'{cl:.1f}'} |")
+    n, nc = len(seeds), counts["van_collapse"]
+    out += ["", f"over {n} seed pairs:",
+            f"- LLDS collapses: {counts['llds_collapse']}/{n} (bar: 0)",
+            f"- LLDS last-20 >= its vanilla twin's: {counts['paired']}/{n} (bar: >= 90 %)",
+            f"- LLDS last-20 >= {BAR_LLDS_PEAK_FRAC} x its peak: {counts['peak']}/{n} (bar: >= 80 %); "
+            f">= {BAR_LLDS_PEAK_STRETCH} x: {counts['stretch']}/{n} (stretch: >= 90 %)",
+            f"- vanilla collapses: {nc}/{n} (bar: >= 70 %)",
+            f"- the paper's order among vanilla collapses: {counts['order']}/{nc} (bar: >= 60 %)",
+            f"- mechanism (all-correct groups' mean Δ: LLDS >= {BAR_MECHANISM_DELTA} > vanilla): {counts['mechanism']}/{n} "
+            "(bar: all)",
+            f"- both runs <= {BAR_CPU_MINUTES:g} CPU-minutes: {counts['cpu']}/{n}"]
+    return "\n".join(out)
+
+
 def goal_markdown(rows: list[dict]) -> str:
     """Per run: start -> peak, likelihood-fall step, reward hold, surge, collapse, last-20 mean (the docs' 10-seed table)."""
     rows = sorted(rows, key=lambda r: (_mode_rank(r["mode"]), r["seed"] if r["seed"] is not None else 0, r["run"]))
@@ -313,6 +389,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="the run table of docs/backend.md")
     ap.add_argument("--goal", action="store_true", help="the per-run goal table and the counts against the testbed's goal")
+    ap.add_argument("--bar", action="store_true", help="the per-seed table and the counts against issue 28's restated bar")
     ap.add_argument("--errors", action="store_true", help="what the wrong responses got wrong, early and late (module doc)")
     ap.add_argument("--groups", action="store_true", help="what each step's updates do to each kind of response (module doc)")
     ap.add_argument("--block", type=int, default=20, help="steps per row of --groups (default 20)")
@@ -327,6 +404,9 @@ def main() -> None:
         print(groups_markdown(group_rows(a.store, a.block)))
         return
     rows = summarize(a.store, a.window, a.stopped)
+    if a.bar:
+        print(bar(rows, a.store))
+        return
     if a.goal:
         print(goal_markdown(rows))
         print()

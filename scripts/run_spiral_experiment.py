@@ -11,6 +11,7 @@ with `--copy-from sample_runs`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -67,9 +68,15 @@ def main() -> int:
         time.sleep(2)
         for item in list(running):
             p, rid, t0 = item
-            if p.poll() is not None:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)  # the child's own CPU time, not its neighbours'
+            if pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
                 running.remove(item)
-                print(f"{rid}: exit {p.returncode} after {time.time() - t0:.0f} s", flush=True)
+                cpu = usage.ru_utime + usage.ru_stime
+                print(f"{rid}: exit {p.returncode} after {time.time() - t0:.0f} s ({cpu:.0f} CPU-s)", flush=True)
+                with open(logs / "cpu.jsonl", "a") as fh:
+                    fh.write(json.dumps({"run_id": rid, "run_name": rid.split("-", 1)[1], "wall_s": time.time() - t0,
+                                         "cpu_s": cpu, "returncode": p.returncode}) + "\n")
                 failed += p.returncode != 0
     return 1 if failed else 0
 
