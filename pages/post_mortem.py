@@ -34,19 +34,30 @@ if widgets.require_run(ctx):
         st.write(f"Reference: **{pm.reference_kind}** at step **{pm.reference_step}**.")
     st.caption("Onset = the step each signal's sustained change began (change points on the smoothed series, "
                "docs/detector.md); isolated spikes are listed apart.")
-    found = pm.onsets[pm.onsets["onset_step"].notna()] if len(pm.onsets) else pm.onsets
-    if found.empty:
-        st.write("No signal shows a sustained change" + (" before the reference." if pm.reference_step else "."))
-    else:
-        first = found.iloc[0]
-        lead_txt = "" if str(first["lead_steps"]) == "<NA>" else f", {int(first['lead_steps'])} steps before the reference"
-        st.markdown(f"First to move: **{first['column']}** ({first['direction']}, {first['size_sigma']} σ) "
-                    f"from step **{int(first['onset_step'])}**{lead_txt}.")
-    if len(pm.onsets):
-        st.dataframe(pm.onsets, hide_index=True, width="stretch")
-    if len(pm.spikes):
-        with st.expander(f"Isolated spikes ({len(pm.spikes)}): not sustained, not an onset"):
-            st.dataframe(pm.spikes, hide_index=True, width="stretch")
+    onset_box = st.container()  # filled last: on a long run the onsets take a while, the rest shows meanwhile
+
+    def show_onsets() -> None:
+        with onset_box, st.spinner("Finding where each signal's sustained change began…"):
+            try:
+                onsets, spikes = widgets.cached_onsets(ctx.store, ctx.run_id, pm.reference_step, ctx.version())
+            except widgets.StoreProblem as exc:
+                st.warning(str(exc))
+                return
+            found = onsets[onsets["onset_step"].notna()] if len(onsets) else onsets
+            if found.empty:
+                st.write("No signal shows a sustained change" + (" before the reference." if pm.reference_step else "."))
+            else:
+                first = found.iloc[0]
+                lead_txt = ("" if str(first["lead_steps"]) == "<NA>"
+                            else f", {int(first['lead_steps'])} steps before the reference")
+                st.markdown(f"First to move: **{first['column']}** ({first['direction']}, {first['size_sigma']} σ) "
+                            f"from step **{int(first['onset_step'])}**{lead_txt}.")
+            if len(onsets):
+                st.dataframe(onsets, hide_index=True, width="stretch")
+            if len(spikes):
+                with st.expander(f"Isolated spikes ({len(spikes)}): not sustained, not an onset"):
+                    st.dataframe(spikes, hide_index=True, width="stretch")
+
     if not pm.leads.empty:
         st.markdown("**First alert of each signal** (the detector's alerts; an alert can be an isolated spike)")
         if pm.leads["lead_steps"].notna().any():
@@ -88,3 +99,4 @@ if widgets.require_run(ctx):
                          file_name=f"{safe}_samples.parquet", mime="application/octet-stream", key="dl_smp_pq", on_click="ignore")
     c[3].download_button("alerts.csv", lambda: queries.to_csv_bytes(_table("alerts")),
                          file_name=f"{safe}_alerts.csv", mime="text/csv", key="dl_alerts_csv", on_click="ignore")
+    show_onsets()

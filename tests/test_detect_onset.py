@@ -124,3 +124,60 @@ def test_post_mortem_data_function_carries_onsets_on_the_sample_vanilla_run():
     assert list(pm.onsets.columns) == ONSET_COLUMNS and list(pm.spikes.columns) == SPIKE_COLUMNS
     found = pm.onsets.dropna(subset=["onset_step"])
     assert len(found) >= 3 and (found["lead_steps"] == collapse - found["onset_step"]).all()
+
+
+def _partition_every_start(x, y, min_seg, pen):
+    """The optimal partition by trying every start for every end (the definition; what _partition prunes)."""
+    from lld_monitor.detect.onset import _segment_costs
+
+    n = y.size
+    cum = [np.r_[0.0, np.cumsum(v)] for v in (x, y, x * x, x * y, y * y)]
+    best, prev = np.full(n + 1, np.inf), np.zeros(n + 1, dtype=int)
+    best[0] = -pen
+    for j in range(min_seg, n + 1):
+        starts = np.arange(0, j - min_seg + 1)
+        starts = starts[np.isfinite(best[starts])]
+        if starts.size:
+            tot = best[starts] + _segment_costs(cum, j, starts) + pen
+            k = int(np.argmin(tot))
+            best[j], prev[j] = tot[k], starts[k]
+    cuts, j = [], n
+    while j > 0:
+        cuts.append(int(prev[j]))
+        j = prev[j]
+    return sorted(cuts)
+
+
+def test_pruned_partition_and_vectorized_refine_match_the_definitions():
+    """Issue 30: the change-point search prunes starts (PELT) and scores every refinement at once; the segments
+    are those of the exhaustive search, the refined points those of one least squares per candidate."""
+    from lld_monitor.detect.onset import _partition, _refine
+
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        n = int(rng.integers(40, 400))
+        x = (np.sort(rng.choice(np.arange(2 * n), n, replace=False)).astype(float) if trial % 3
+             else np.arange(n, dtype=float))  # steps with gaps, or every step
+        y = np.cumsum(rng.normal(0, 1, n)) * rng.choice([0.01, 1.0, 100.0])
+        for c in rng.integers(0, n, int(rng.integers(0, 4))):
+            y[c:] += rng.normal(0, 5) + 0.05 * rng.normal() * (x[c:] - x[c])
+        sigma = max(1.4826 * float(np.median(np.abs(np.diff(y)))), 1e-12)
+        pen, ms = 3 * sigma * sigma * np.log(n), int(rng.choice([5, 10, 20]))
+        cuts = _partition(x, y, ms, pen)
+        assert cuts == _partition_every_start(x, y, ms, pen), trial
+        refined = _refine(x, y, cuts, ms)
+        for k in range(1, len(cuts)):  # each refined point is the best single break between its neighbours
+            lo, hi = (refined[k - 1], cuts[k + 1] if k + 1 < len(cuts) else n)
+            xs, ys = x[lo:hi], y[lo:hi]
+
+            def sse(tau, xs=xs, ys=ys):
+                best = np.inf
+                for extra in (np.clip(xs - x[tau], 0, None), (xs >= x[tau]).astype(float)):
+                    a = np.column_stack([np.ones_like(xs), xs - xs[0], extra])
+                    coef, _, rank, _ = np.linalg.lstsq(a, ys, rcond=None)
+                    if rank == 3:
+                        best = min(best, float(np.sum((a @ coef - ys) ** 2)))
+                return best
+            taus = range(lo + ms // 2, hi - ms // 2)
+            if len(taus):
+                assert sse(refined[k]) <= min(sse(t) for t in taus) * (1 + 1e-9) + 1e-12, (trial, k)

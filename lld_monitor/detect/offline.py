@@ -9,11 +9,17 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from lld_monitor import signals as registry
 from lld_monitor.store.schema import ALERT_COLUMNS
 
 from .config import DetectorConfig
 from .online import Alert, DetectionResult, OnlineDetector
 from .signals import KNOWN_COLUMNS, SIGNAL_CANDIDATES
+
+REWARD_COLUMNS: frozenset[str] = frozenset(
+    key for src in registry.detector_candidates("reward")
+    for key in (*src.parts, *([src.only_if_positive] if src.only_if_positive else [])))
+"""Every column a reward candidate reads."""
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +80,9 @@ def reward_collapse_step(signals_df: pd.DataFrame, cfg: DetectorConfig | None = 
     # the reward source is chosen as the online detector chooses it (highest-priority candidate,
     # upgraded during warm-up); feeding the detector's own signal tracks keeps the two identical.
     det = OnlineDetector(cfg)
-    for step, row in iter_signal_rows(signals_df):
+    # only the reward's columns: the other signals never touch the reward's source or its collapse (10x faster)
+    cols = [c for c in signals_df.columns if c == "step" or c in REWARD_COLUMNS]
+    for step, row in iter_signal_rows(signals_df[cols]):
         det._ingest(step, row, [])
         if det._reward.collapse_step is not None:
             return det._reward.collapse_step

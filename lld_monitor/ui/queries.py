@@ -362,18 +362,36 @@ class PostMortem:
 
 
 def post_mortem(reader, run_id: str, k: int = 5, tracker: ph.DetectionTracker | None = None,
-                run: dict | None = None) -> PostMortem:
-    from lld_monitor.detect import onset_table, post_mortem_reference
+                run: dict | None = None, with_onsets: bool = True) -> PostMortem:
+    """Everything the post-mortem page shows. `with_onsets=False` leaves the onset table empty: it is the slow
+    part on a long run (an exact change-point search per signal: ~1 s per 16,000 points), so the page draws the
+    rest first and fetches it with `onsets()`."""
+    from lld_monitor.detect import post_mortem_reference
 
     ov = run_overview(reader, run_id, tracker=tracker, run=run)
     if ov.n_steps:
         ref, kind = post_mortem_reference(ov.signals)
-        onsets, spikes = onset_table(ov.signals, ref)
+        onsets, spikes = onsets_before(ov.signals, ref) if with_onsets else (pd.DataFrame(), pd.DataFrame())
     else:
         ref, kind, onsets, spikes = None, "none", pd.DataFrame(), pd.DataFrame()
     leads = ph.lead_table(ov.alerts, ref)
     top = top_displaced_samples(reader, run_id, ov.bands, k=k)
     return PostMortem(ov, leads, ref, kind, top, onsets, spikes)
+
+
+def onsets_before(signals: pd.DataFrame, reference_step: int | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(onsets, isolated spikes) of every detector signal up to `reference_step` (lld_monitor.detect.onset_table)."""
+    from lld_monitor.detect import onset_table
+
+    return onset_table(signals, reference_step)
+
+
+def onsets(reader, run_id: str, reference_step: int | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The post-mortem's "what moved first" table of a run (see `post_mortem`)."""
+    signals = reader.signals(run_id)
+    if signals.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    return onsets_before(signals, reference_step)
 
 
 def to_csv_bytes(df: pd.DataFrame) -> bytes:

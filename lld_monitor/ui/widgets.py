@@ -110,7 +110,9 @@ def tracker(path: str, run_id: str) -> ph.DetectionTracker:
     return ph.DetectionTracker()
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+# a few entries: each holds the run's signals (a 200,000-step run: ~60 MB pickled), and a live run makes a new
+# version every refresh, so old entries are only memory
+@st.cache_data(max_entries=12, show_spinner=False)
 def cached_overview(path: str, run_id: str, version: tuple, _run: dict | None = None) -> q.RunOverview:
     """`_run` (the sidebar's row of the run; not part of the cache key, `version` is) saves a runs() scan."""
     return with_reader(path, q.run_overview, run_id, tracker=tracker(path, run_id), run=_run)
@@ -148,9 +150,15 @@ def cached_token_pick(path: str, run_id: str, phase_ii_step: int | None, version
     return with_reader(path, q.best_token_pick, run_id, steps, phase_ii_step)
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
+@st.cache_data(max_entries=8, show_spinner=False)
 def cached_post_mortem(path: str, run_id: str, k: int, version: tuple, _run: dict | None = None) -> q.PostMortem:
-    return with_reader(path, q.post_mortem, run_id, k, tracker=tracker(path, run_id), run=_run)
+    """Without the onset table (`cached_onsets`): the page draws this first."""
+    return with_reader(path, q.post_mortem, run_id, k, tracker=tracker(path, run_id), run=_run, with_onsets=False)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def cached_onsets(path: str, run_id: str, reference_step: int | None, version: tuple) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return with_reader(path, q.onsets, run_id, reference_step)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -195,7 +203,11 @@ def _phase_for(store: str, runs: pd.DataFrame, run_id: str, selected: bool) -> s
     """The selected run's phase from its warm detector; other runs: the detector's if it is already warm
     for them (cheap), else their latest stored alert's phase (no replay of every run on page load)."""
     try:
-        if selected or tracker(store, run_id).warm:
+        if selected:  # the page shows this run's overview: compute it once, here, and the page reads the cache
+            row = runs[runs["run_id"] == run_id].iloc[0].to_dict()
+            row = {k: (None if (v is pd.NA or v is pd.NaT) else v) for k, v in row.items()}
+            return cached_overview(store, run_id, run_version(runs, run_id), row).detection.phase
+        if tracker(store, run_id).warm:
             return cached_phase(store, run_id, run_version(runs, run_id))
         return cached_stored_phases(store).get(run_id)
     except StoreProblem:
