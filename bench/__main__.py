@@ -30,9 +30,12 @@ SUITES: dict[str, tuple[str, dict, dict]] = {
     "queries": ("bench.suites", {"sizes_m": (1, 10), "reps": 5}, {"sizes_m": (1,), "reps": 2}),
     "end-to-end": ("bench.suites", {"steps": 5, "reps": 2}, {"steps": 2, "reps": 1}),
     "lld": ("bench.suites", {"reps": 7}, {"reps": 2}),
+    "scale": ("bench.suites", {"sizes": (20_000, 200_000), "reps": 3, "rounds": 3},
+              {"sizes": (20_000,), "reps": 1, "rounds": 1}),
 }
 # groups whose run function is not called `run`
-ENTRY = {"ingest": "ingest", "queries": "queries", "end-to-end": "end_to_end", "lld": "lld_overhead"}
+ENTRY = {"ingest": "ingest", "queries": "queries", "end-to-end": "end_to_end", "lld": "lld_overhead",
+         "scale": "scale"}
 
 
 def fmt(x: float | None) -> str:

@@ -80,10 +80,10 @@ def reward_collapse_step(signals_df: pd.DataFrame, cfg: DetectorConfig | None = 
     # the reward source is chosen as the online detector chooses it (highest-priority candidate,
     # upgraded during warm-up); feeding the detector's own signal tracks keeps the two identical.
     det = OnlineDetector(cfg)
-    # only the reward's columns: the other signals never touch the reward's source or its collapse (10x faster)
+    # only the reward: the other signals never touch the reward's source or its collapse (10x faster)
     cols = [c for c in signals_df.columns if c == "step" or c in REWARD_COLUMNS]
     for step, row in iter_signal_rows(signals_df[cols]):
-        det._ingest(step, row, [])
+        det._ingest(step, row, [], ("reward",))
         if det._reward.collapse_step is not None:
             return det._reward.collapse_step
     return None

@@ -425,10 +425,13 @@ class OnlineDetector:
         self._cooldown[key] = self._n_updates
         return True
 
-    def _ingest(self, step: int, signals: Mapping[str, object], out: list[Alert]) -> bool:
+    def _ingest(self, step: int, signals: Mapping[str, object], out: list[Alert],
+                names: tuple[str, ...] = SIGNALS) -> bool:
+        """Feed the tracks of `names` (all signals by default) with this step's values; True when the reward
+        collapse is confirmed at this step."""
         warm_pts = int(self.cfg.warmup_steps)
         confirmed = False
-        for name in SIGNALS:
+        for name in names:
             hit = first_present(name, signals)
             if hit is None:
                 continue

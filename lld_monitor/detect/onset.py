@@ -299,10 +299,12 @@ def _isolated_spikes(s: np.ndarray, v: np.ndarray, med: np.ndarray, resid: np.nd
     return spikes, clean
 
 
-def post_mortem_reference(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None) -> tuple[int | None, str]:
+def post_mortem_reference(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None,
+                          collapse_step: int | None = None) -> tuple[int | None, str]:
     """(step, kind) a post-mortem measures leads against: the reward collapse (the written definition),
-    else the reward's 20 % decline, else (None, "none")."""
-    cs = reward_collapse_step(signals_df, cfg)
+    else the reward's 20 % decline, else (None, "none"). `collapse_step`: the collapse the caller's detector
+    (same config, same rows) already found, which is `reward_collapse_step`'s answer; None computes it."""
+    cs = collapse_step if collapse_step is not None else reward_collapse_step(signals_df, cfg)
     if cs is not None:
         return cs, "reward collapse"
     ds = reward_decline_step(signals_df, cfg)

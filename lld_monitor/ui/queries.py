@@ -370,7 +370,7 @@ def post_mortem(reader, run_id: str, k: int = 5, tracker: ph.DetectionTracker | 
 
     ov = run_overview(reader, run_id, tracker=tracker, run=run)
     if ov.n_steps:
-        ref, kind = post_mortem_reference(ov.signals)
+        ref, kind = post_mortem_reference(ov.signals, collapse_step=ov.detection.collapse_step)
         onsets, spikes = onsets_before(ov.signals, ref) if with_onsets else (pd.DataFrame(), pd.DataFrame())
     else:
         ref, kind, onsets, spikes = None, "none", pd.DataFrame(), pd.DataFrame()
