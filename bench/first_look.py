@@ -149,7 +149,7 @@ def data_timings(store: Path, reps: int, with_cache: bool) -> dict[str, float | 
 
 def _uncheckpointed(store: Path, rid: str, row: dict, reps: int) -> dict[str, float | None]:
     """An imported / older run: no usable checkpoint. The first load replays it (and caches the result beside the
-    run); the next reader restores the cache. Checkpoints are hidden by giving the reader none."""
+    run); the next reader restores the cache. The run's own checkpoints are hidden from the reader."""
     from lld_monitor.store import open_store_reader
     from lld_monitor.ui import phases as ph
     from lld_monitor.ui import queries
@@ -163,10 +163,9 @@ def _uncheckpointed(store: Path, rid: str, row: dict, reps: int) -> dict[str, fl
         def __getattr__(self, name):
             return getattr(self.r, name)
 
-        def detector_state(self, run_id):  # noqa: ARG002 - what an imported run has
-            import pandas as pd
-
-            return pd.DataFrame(columns=self.r.detector_state(run_id).columns)
+        def detector_state(self, run_id):  # what an imported run has: at most the cache a first load left
+            ck = self.r.detector_state(run_id)
+            return ck[ck["lineage"].astype(str).str.startswith("cache")].reset_index(drop=True)
 
     def fresh():
         shutil.rmtree(cache_dir, ignore_errors=True)
