@@ -151,12 +151,24 @@ def test_embed_lr_scale_freezes_or_slows_the_token_embedding(tmp_path, tiny_conf
     assert tr.opt.param_groups[1]["params"] == [tr.model.get_input_embeddings().weight]
 
 
-@pytest.mark.parametrize("bad", [{"loss_agg": "sum"}, {"warmup_steps": -1}, {"embed_lr_scale": -1}])
+@pytest.mark.parametrize("bad", [{"loss_agg": "sum"}, {"warmup_steps": -1}, {"embed_lr_scale": -1},
+                                 {"lr_schedule": "linear"}, {"min_lr_ratio": 1.5}])
 def test_bad_grpo_settings_are_clear_errors(bad):
     from lld_monitor.backend.config import config_from_dict
 
     with pytest.raises(ValueError, match=next(iter(bad))):
         config_from_dict({"grpo": bad})
+
+
+def test_lr_schedule_warms_up_then_holds_or_follows_a_cosine():
+    from lld_monitor.backend.adamw import lr_at
+
+    assert [lr_at(s, 4) for s in (0, 1, 3, 4, 100)] == [0.25, 0.5, 1.0, 1.0, 1.0]  # verl's constant schedule
+    assert lr_at(7, 0) == 1.0
+    cos = [lr_at(s, 4, "cosine", 14, 0.1) for s in range(14)]
+    assert cos[:4] == [0.25, 0.5, 0.75, 1.0]  # the same warm-up
+    assert cos[4] == 1.0 and cos[9] == pytest.approx(0.55) and cos[13] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.9)))
+    assert all(a >= b for a, b in zip(cos[4:], cos[5:]))  # then only down
 
 
 def test_config_loss_aggs_are_lld_s():

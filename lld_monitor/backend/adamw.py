@@ -8,14 +8,22 @@ group is set by the trainer each step (`lr_at`), so there is no scheduler object
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
 
-def lr_at(step: int, warmup_steps: int) -> float:
-    """The lr multiplier of GRPO step `step` (0-based): linear warm-up over `warmup_steps`, then 1 (verl)."""
-    return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+def lr_at(step: int, warmup_steps: int, schedule: str = "constant", total_steps: int = 0,
+          min_lr_ratio: float = 0.0) -> float:
+    """The lr multiplier of GRPO step `step` (0-based), as verl's `warmup_style`: a linear warm-up over
+    `warmup_steps`, then 1 (`constant`) or a cosine from 1 down to `min_lr_ratio` at `total_steps` (`cosine`)."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class AdamW:

@@ -30,7 +30,9 @@ class GRPOConfig:
     lr: float = 3e-4  # 2e-3 destroys the warm start in one step (measured); see docs/backend.md
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0  # linear lr warm-up over this many GRPO steps, then constant (verl)
+    warmup_steps: int = 0  # linear lr warm-up over this many GRPO steps (verl)
+    lr_schedule: str = "constant"  # after the warm-up: constant | cosine (to min_lr_ratio x lr at the last step; verl)
+    min_lr_ratio: float = 0.0
     prompts_per_step: int = 8
     group_size: int = 5  # G rollouts per prompt
     num_minibatches: int = 4  # optimizer updates per step per epoch (pi_before != pi_after)
@@ -109,6 +111,10 @@ class TrainConfig:
             raise ValueError("grpo.embed_lr_scale must be >= 0 (0 freezes the embedding)")
         if g.warmup_steps < 0:
             raise ValueError("grpo.warmup_steps must be >= 0")
+        if g.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"grpo.lr_schedule must be constant or cosine, got {g.lr_schedule!r}")
+        if not 0.0 <= g.min_lr_ratio <= 1.0:
+            raise ValueError("grpo.min_lr_ratio must be in [0, 1]")
         if g.group_size < 2:
             raise ValueError("grpo.group_size must be >= 2 (group advantages need a group)")
         if g.num_minibatches < 1 or n % g.num_minibatches:

@@ -237,7 +237,7 @@ class Trainer:
             dist.all_reduce(t)
             vs_mean = float(t.item()) / self.dist.world_size
         # ---- updates
-        self.opt.set_lr_factor(lr_at(step, g.warmup_steps))
+        self.opt.set_lr_factor(lr_at(step, g.warmup_steps, g.lr_schedule, cfg.steps, g.min_lr_ratio))
         n = len(rows)
         mb = n // g.num_minibatches
         upd = {k: [] for k in ("grad_norm", "clip_frac", "kl", "pg_loss", "llds_loss", "entropy", "ppo_kl", "reduce_chunk", "beta", "loss")}

@@ -58,7 +58,7 @@ class SFTConfig:
 
 # Config fields added after the first checkpoints were keyed: part of the key only when they differ from
 # their default, so that every existing checkpoint (the shipped ones included) keeps its key.
-LATER_FIELDS = {"world": {"unique_names": False}}
+LATER_FIELDS = {"world": {"unique_names": False, "single_token_names": False}}
 
 
 def _key_part(section: str, values: dict) -> dict:

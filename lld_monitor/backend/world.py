@@ -48,6 +48,9 @@ class WorldConfig:
     # name part is shared by about n_people / n_first_names people and copying a name means telling
     # them apart.
     unique_names: bool = False
+    # True: a person's name is one word, "first_last", so one token of the word-level vocabulary: copying it
+    # into a search is one copy, not a first name followed by a last name the model may complete from memory
+    single_token_names: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,12 +136,13 @@ def build_world(config: WorldConfig | None = None) -> World:
     capital = {countries[i]: cities[i] for i in range(len(countries))}
     org_city = {o: rng.choice(cities) for o in orgs}
     org_industry = {o: rng.choice(INDUSTRIES) for o in orgs}
+    sep = "_" if cfg.single_token_names else " "
     if cfg.unique_names:
-        people = [f"{f} {l}" for f, l in zip(firsts, lasts)]
+        people = [f"{f}{sep}{l}" for f, l in zip(firsts, lasts)]
     else:
         pairs = [(f, l) for f in firsts for l in lasts]
         rng.shuffle(pairs)
-        people = [f"{f} {l}" for f, l in pairs[: cfg.n_people]]
+        people = [f"{f}{sep}{l}" for f, l in pairs[: cfg.n_people]]
     person_city = {p: rng.choice(cities) for p in people}
     person_org = {p: rng.choice(orgs) for p in people}
     person_prof = {p: rng.choice(PROFESSIONS) for p in people}
