@@ -13,7 +13,7 @@ every sample on every N/10-th step: 26 MB at 20,000 steps). Figures, medians of 
   one step arrived (warm detector); *first load without checkpoints* (an imported or older run: full detector
   replay, 20,000 steps only) and the *next load from the cache* it leaves beside the run.
 - the browser (headless Chromium, Playwright, /usr/bin/chromium), each on a fresh `lld-monitor serve`:
-  *cold serve -> first chart* (`/?run=small`); then on that warm server *picker switch*: choose `big` in the
+  *cold serve -> first chart* (`/live?run=small`, the server warmed up as `lld-monitor serve` does it); then on that warm server *picker switch*: choose `big` in the
   sidebar's run picker of the open tab -> its charts drawn; on another fresh server, after `small`, a *new tab*
   `/live?run=big` -> charts drawn, and a new tab on `small` (what any page pays to load Streamlit and Plotly).
 
@@ -207,18 +207,18 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
         raise TimeoutError(f"the page did not show the {steps}-step run")
 
     out: dict[str, float] = {}
-    with sync_playwright() as p:
-        browser = launch(p)
+    for first_view in ("picker", "new tab"):
+        pt = port()
+        t0 = time.perf_counter()
+        proc = start_server(store, "127.0.0.1", pt, quiet=True, open_run="small")  # its warm-up opens small
         try:
-            for first_view in ("picker", "new tab"):
-                pt = port()
-                t0 = time.perf_counter()
-                proc = start_server(store, "127.0.0.1", pt, quiet=True, open_run="small")  # warm-up opens small
+            # outside Playwright: its sync API runs an event loop in this thread, and warm_up needs asyncio.run
+            wait_ready("127.0.0.1", pt, timeout=120, proc=proc)
+            with sync_playwright() as p:
+                browser = launch(p)
                 try:
-                    wait_ready("127.0.0.1", pt, timeout=120, proc=proc)
                     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                    # the root URL: a first visitor's /live link can still get Streamlit's "Page not found" dialog
-                    page.goto(f"http://127.0.0.1:{pt}/?run=small", wait_until="domcontentloaded")
+                    page.goto(f"http://127.0.0.1:{pt}/live?run=small", wait_until="domcontentloaded")
                     shows(page, 200)
                     if first_view == "picker":
                         out["cold serve -> first chart (s)"] = time.perf_counter() - t0
@@ -243,9 +243,9 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
                         out["  new tab on the 200-step run (page + Plotly load) (s)"] = time.perf_counter() - t1
                     page.close()
                 finally:
-                    stop_server(proc)
+                    browser.close()
         finally:
-            browser.close()
+            stop_server(proc)
     return out
 
 
