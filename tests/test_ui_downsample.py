@@ -104,3 +104,11 @@ def test_live_page_on_a_long_run_offers_a_step_range(tmp_path):
     assert not at.exception, [e.value for e in at.exception]
     assert any("Every one of the 1,001 steps" in str(c.value) for c in at.caption)
     assert len(at.get("plotly_chart")) >= 1
+
+
+def test_caption_of_a_run_whose_phases_flip_names_the_start_and_the_end():
+    starts = list(range(0, 1000, 10))
+    bands = pd.DataFrame({"phase": ["decay", "acceleration"] * 50, "start": starts, "end": starts[1:] + [999]})
+    cap = figures.live_legend_caption(bands)
+    assert cap.count("→") <= figures.CAPTION_PHASES_MAX + 1 and "90 more changes" in cap
+    assert "from step 0 " in cap and "from step 990." in cap

@@ -207,6 +207,10 @@ def add_phase_legend(fig: go.Figure, bands: pd.DataFrame | None) -> None:
                                  marker=dict(symbol="square", size=12, color=PHASE_SOLID.get(ph, "#999"), opacity=0.45)))
 
 
+CAPTION_PHASES_MAX = 10
+"""At most this many phase changes are spelled out under the live chart (the first and the last half)."""
+
+
 def live_legend_caption(bands: pd.DataFrame | None, hidden_info: int = 0) -> str:
     """One line under the live chart: the phases the run went through, in order, and the hidden info alerts."""
     bits = []
@@ -216,6 +220,10 @@ def live_legend_caption(bands: pd.DataFrame | None, hidden_info: int = 0) -> str
             t = f"{phase_title(str(b.phase))} from step {int(b.start)}"
             if not seq or not seq[-1].startswith(phase_title(str(b.phase)) + " "):
                 seq.append(t)
+        if len(seq) > CAPTION_PHASES_MAX:  # a long run whose phases flip: the start and the end, not a wall of text
+            k = CAPTION_PHASES_MAX // 2
+            seq = seq[:k] + [f"… {len(seq) - 2 * k} more changes (the alerts table and the post-mortem timeline have "
+                             "them all) …"] + seq[-k:]
         bits.append("Phases: " + " → ".join(seq) + ".")
     if hidden_info:
         bits.append(f"{hidden_info} info alert(s) hidden (isolated spikes): turn on *Show info alerts* to see them.")
