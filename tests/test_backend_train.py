@@ -237,10 +237,11 @@ def test_warmstart_cache_key_covers_what_changes_the_checkpoint():
     # (test_warmstart_is_shipped finds them)
 
 
-@pytest.mark.parametrize("config", [None, ROOT / "scripts" / "spiral_config.json"], ids=["default", "spiral"])
+@pytest.mark.parametrize("config", [None, ROOT / "scripts" / "spiral_config.json", ROOT / "bench" / "step_speed_config.json"],
+                         ids=["default", "spiral", "bench"])
 def test_warmstart_is_shipped(config):
-    """The default config's warm start ships, and so does scripts/spiral_config.json's (the demo and
-    scripts/make_sample_runs.py train it), so both start training at once."""
+    """The default config's warm start ships, and so do scripts/spiral_config.json's (the demo and
+    scripts/make_sample_runs.py train it) and bench/backend_step.py's, so they all start training at once."""
     from lld_monitor.backend.config import load_config
     from lld_monitor.backend.sft import ASSETS, cache_key
 
