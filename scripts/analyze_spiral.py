@@ -210,8 +210,8 @@ def bar(rows: list[dict], store: str) -> str:
     cpu = _cpu_minutes(store)
     out = ["| seed | vanilla: collapse (step), last 20, paper order | LLDS: collapse, last 20, x peak | LLDS >= vanilla "
            "| all-correct groups' Δ, vanilla / LLDS | CPU min (vanilla / LLDS) |", "|---|---|---|---|---|---|"]
-    counts = {k: 0 for k in ("llds_collapse", "paired", "peak", "stretch", "peak_any", "stretch_any", "van_collapse", "order",
-                                    "mechanism", "cpu")}
+    counts = {k: 0 for k in ("llds_collapse", "paired", "peak", "stretch", "peak_any", "stretch_any", "van_collapse",
+                             "order", "mechanism", "cpu")}
     for s in seeds:
         v, lr = by[("vanilla", s)], by[("llds", s)]
         frac = lr["reward_last20"] / lr["reward_peak"] if lr["reward_peak"] else math.nan
@@ -339,7 +339,7 @@ def error_rows(store: str) -> list[dict]:
             w = s[(s.step >= lo_) & (s.step < hi_)]
             wrong = w[w.reward <= 0]
             kinds = [error_kind(t, by_text[q]) for t, q in zip(wrong.text, wrong.question)]
-            row = {"run": run["name"], "mode": run["mode"], "window": f"{name} ({lo_}-{hi_ - 1})",
+            row = {"run": run["name"], "mode": run["mode"], "window_name": name, "window": f"{name} ({lo_}-{hi_ - 1})",
                    "responses": len(w), "wrong": len(wrong) / max(len(w), 1)}
             row.update({k: kinds.count(k) / max(len(kinds), 1) for k in ERROR_KINDS})
             out.append(row)
@@ -401,7 +401,7 @@ def copy_error_summary(rows: list[dict]) -> str:
            "|---|---|---|---|---|---|"]
     by: dict[tuple, list[dict]] = {}
     for r in rows:
-        by.setdefault((_mode_rank(r["mode"]), r["mode"], r["window"].split(" (")[0]), []).append(r)
+        by.setdefault((_mode_rank(r["mode"]), r["mode"], r["window_name"]), []).append(r)
     order = [w for w, _, _ in ERROR_WINDOWS]
     for (_, mode, window), rs in sorted(by.items(), key=lambda kv: (kv[0][0], order.index(kv[0][2]))):
         rate = [sum(r[k] for k in COPY_ERRORS) for r in rs]
