@@ -3,7 +3,8 @@
 ```
 <store>/store.json                        {"format": "lld-monitor-store", "schema_version": 2}
 <store>/runs/<run_id>/run.json            the runs-table row (written by rank 0; a placeholder by any rank)
-<store>/runs/<run_id>/manifest-r<R>.json  rank R's writer (pid, host, heartbeat, status) + live segments
+<store>/runs/<run_id>/manifest-r<R>.json  rank R's writer (pid, host, heartbeat, status) + live segments (file,
+                                          level, rows, schema fingerprint, steps as stepset runs)
 <store>/runs/<run_id>/<table>/r<R>-<seq>-L<level>.parquet   append-only Parquet segments (temp name + os.replace)
 <store>/runs/<run_id>/detector_cache/<config>.parquet   a dashboard's full detector replay of a run with no usable
                                           checkpoint (imported / old runs), one detector_state row (store/detector_cache.py)

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import detector_cache, layout, liveness, migrations, schema
+from . import detector_cache, layout, liveness, migrations, schema, stepset
 from .convert import conform, schema_fingerprint
 from .errors import RunNotFoundError, StoreError
 from .storedir import inspect_store
@@ -74,6 +74,8 @@ class RunState:
     ranks: list[int]
     files: dict[str, list[str]] = field(default_factory=dict)
     current: dict[str, bool] = field(default_factory=dict)  # every segment has the current schema
+    # file -> the steps its manifest entry lists (stepset runs), None for segments written before entries had them
+    segment_steps: dict[str, list | None] = field(default_factory=dict)
 
 
 class StoreReader:
@@ -126,6 +128,7 @@ class StoreReader:
         statuses: list[str] = []
         beats: list[str] = [t for t in (rec.get("updated_at"),) if t]
         ranks: list[int] = []
+        segment_steps: dict[str, list | None] = {}
         for mpath in sorted(rdir.glob(f"{layout.MANIFEST_PREFIX}*.json")):
             try:
                 man = self._read_json_cached(mpath)
@@ -139,6 +142,7 @@ class StoreReader:
             for t, segs in man.get("segments", {}).items():
                 if t in files:
                     files[t] += [str(rdir / t / s["file"]) for s in segs]
+                    segment_steps.update((str(rdir / t / s["file"]), s.get("steps")) for s in segs)
                     fp = schema_fingerprint(t)
                     current[t] = current[t] and all(s.get("schema") == fp for s in segs)
             st = man.get("status", "running")
@@ -166,7 +170,8 @@ class StoreReader:
             status = rec.get("status", "finished")
             status = "finished" if status == "running" else status
         updated = max(beats, key=lambda t: layout.parse_iso(t)) if beats else None
-        return RunState(record=rec, status=status, updated_at=updated, ranks=ranks, files=files, current=current)
+        return RunState(record=rec, status=status, updated_at=updated, ranks=ranks, files=files, current=current,
+                        segment_steps=segment_steps)
 
     def _states(self) -> dict[str, RunState]:
         root = self.path / layout.RUNS_DIR
@@ -401,8 +406,35 @@ class StoreReader:
                                + " ORDER BY rank, sample_idx, position", params)
 
     def token_steps(self, run_id: str) -> list[int]:
-        df = self._run_query(run_id, "tokens", "SELECT DISTINCT step FROM {src} ORDER BY step")
-        return [int(s) for s in df["step"]]
+        """The steps with token rows, sorted. Read from the manifests' per-segment step lists (no Parquet is
+        opened); segments whose entry has none (written before entries had them) are read with a DISTINCT."""
+
+        def go() -> list[int]:
+            st = self._state(run_id)
+            files = st.files["tokens"]
+            key = ("token_steps", tuple(files))
+            hit = self._result_cache.get(key)
+            if hit is not None:
+                self._result_cache.move_to_end(key)
+                return list(hit)
+            steps: set[int] = set()
+            unlisted = []
+            for f in files:
+                runs = st.segment_steps.get(f)
+                if runs is None:
+                    unlisted.append(f)
+                else:
+                    steps.update(stepset.expand(runs))
+            if unlisted:
+                rel = self._relation("tokens", unlisted)
+                steps.update(int(s) for (s,) in rel.aggregate("step", "step").fetchall())
+            out = sorted(steps)
+            self._result_cache[key] = out
+            while len(self._result_cache) > self.cache_entries:
+                self._result_cache.popitem(last=False)
+            return list(out)
+
+        return self._retry(go)
 
     def alerts(self, run_id: str) -> pd.DataFrame:
         return self._run_query(run_id, "alerts", "SELECT * FROM {src} ORDER BY step")

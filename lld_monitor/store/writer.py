@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import layout, liveness, schema
+from . import layout, liveness, schema, stepset
 from .convert import conform, schema_fingerprint, to_table
 from .errors import StoreError
 from .storedir import open_store_for_write
@@ -288,7 +288,8 @@ class RunWriter:
             fname = self._next_name(0)
             _write_parquet_atomic(tbl, tdir / fname, self.cfg.compression)
             self._manifest["segments"][t].append({"file": fname, "level": 0, "rows": tbl.num_rows,
-                                                  "schema": schema_fingerprint(t)})
+                                                  "schema": schema_fingerprint(t),
+                                                  "steps": stepset.compress(stepset.of_table(tbl))})
             self.rows_written[t] += tbl.num_rows
             self._buffers[t] = []
             wrote = True
@@ -304,6 +305,7 @@ class RunWriter:
         tdir = self.path / table
         tmp = tdir / f".{fname}.tmp"
         rows = 0
+        steps: set[int] = set()  # read from the data, not the inputs' entries: older segments have none
         pending: list[pa.Table] = []
         pending_rows = 0
         with pq.ParquetWriter(tmp, sch, compression=self.cfg.compression) as pw:
@@ -312,6 +314,7 @@ class RunWriter:
                 with pq.ParquetFile(tdir / s["file"]) as pf:
                     for batch in pf.iter_batches(batch_size=self.cfg.merge_row_group_rows):
                         part = conform(pa.Table.from_batches([batch]), sch)
+                        steps |= stepset.of_table(part)
                         pending.append(part)
                         pending_rows += part.num_rows
                         if pending_rows >= self.cfg.merge_row_group_rows:
@@ -322,7 +325,8 @@ class RunWriter:
                 pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
                 rows += pending_rows
         os.replace(tmp, tdir / fname)
-        return {"file": fname, "level": level, "rows": rows, "schema": schema_fingerprint(table)}
+        return {"file": fname, "level": level, "rows": rows, "schema": schema_fingerprint(table),
+                "steps": stepset.compress(steps)}
 
     def _pick_job_locked(self) -> tuple[str, list[dict[str, Any]], int, str] | None:
         """The next size-tiered merge: the first `compact_fanout` segments of the lowest full level."""
