@@ -16,6 +16,8 @@ every sample on every N/10-th step: 26 MB at 20,000 steps). Figures, medians of 
   *cold serve -> first chart* (`/live?run=small`, the server warmed up as `lld-monitor serve` does it); then on that warm server *picker switch*: choose `big` in the
   sidebar's run picker of the open tab -> its charts drawn; on another fresh server, after `small`, a *new tab*
   `/live?run=big` -> charts drawn, and a new tab on `small` (what any page pays to load Streamlit and Plotly).
+  New tabs open in the same browser profile as the first (Streamlit's JavaScript in its HTTP cache, as in a
+  person's browser); *first visit* is `small` in a fresh profile (empty cache), what a first-time visitor pays.
 
 `--baseline REV` exports REV with `git archive` and measures it in subprocesses, alternating with the checkout,
 on the same stores (a store newer than REV understands is given to it as a hard-linked copy with the older
@@ -42,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.first_look")
 
 ZOOM_STEPS = 2000
+VIEW = {"width": 1400, "height": 1000}
 CACHE_SIZES = (20_000,)  # full replays at 200,000 steps take ~45 s each: measured at 20,000 only
 
 
@@ -217,7 +220,9 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
             with sync_playwright() as p:
                 browser = launch(p)
                 try:
-                    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                    # one browser profile, as a person has: a new tab shares the HTTP cache of the first
+                    ctx = browser.new_context(viewport=VIEW)
+                    page = ctx.new_page()
                     page.goto(f"http://127.0.0.1:{pt}/live?run=small", wait_until="domcontentloaded")
                     shows(page, 200)
                     if first_view == "picker":
@@ -229,18 +234,17 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
                         shows(page, big_steps)
                         out["warm server, picker switch to big -> charts (s)"] = time.perf_counter() - t1
                     else:
-                        page.close()
-                        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                        t1 = time.perf_counter()
-                        page.goto(f"http://127.0.0.1:{pt}/live?run=big", wait_until="domcontentloaded")
-                        shows(page, big_steps)
-                        out["warm server, new tab /live?run=big -> charts (s)"] = time.perf_counter() - t1
-                        page.close()
-                        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                        t1 = time.perf_counter()
-                        page.goto(f"http://127.0.0.1:{pt}/live?run=small", wait_until="domcontentloaded")
-                        shows(page, 200)
-                        out["  new tab on the 200-step run (page + Plotly load) (s)"] = time.perf_counter() - t1
+                        for name, run, steps, context in (
+                                ("warm server, new tab /live?run=big -> charts (s)", "big", big_steps, ctx),
+                                ("  new tab on the 200-step run (page + Plotly load) (s)", "small", 200, ctx),
+                                ("  first visit, empty browser cache, on the 200-step run (s)", "small", 200,
+                                 browser.new_context(viewport=VIEW))):
+                            page.close()
+                            page = context.new_page()
+                            t1 = time.perf_counter()
+                            page.goto(f"http://127.0.0.1:{pt}/live?run={run}", wait_until="domcontentloaded")
+                            shows(page, steps)
+                            out[name] = time.perf_counter() - t1
                     page.close()
                 finally:
                     browser.close()
