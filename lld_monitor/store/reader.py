@@ -93,7 +93,7 @@ class StoreReader:
         self._json_cache: dict[Path, tuple[tuple[int, int, int], Any]] = {}
         self._views: set[str] = set()
         self.cache_entries = 64
-        self._result_cache: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
+        self._result_cache: OrderedDict[tuple, pd.DataFrame | list[int]] = OrderedDict()  # list: token_steps
         self._counts_cache: OrderedDict[tuple, tuple[int, int | None]] = OrderedDict()
         self.transient_retries = 0  # races absorbed (a segment merged away mid-query); never seen by callers
 
