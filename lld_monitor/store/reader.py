@@ -219,24 +219,31 @@ class StoreReader:
         def go() -> pd.DataFrame:
             st = self._state(run_id)
             files = st.files[table]
-            key = (sql, repr(params), tuple(files))
-            hit = self._result_cache.get(key)
-            if hit is not None:
-                self._result_cache.move_to_end(key)
-                return hit.copy()
-            if files and st.current[table]:
-                # one statement straight over the segments (all have exactly the current columns)
-                df = _frame(self._con.sql(sql.format(src="read_parquet(?)"), params=[files, *(params or [])])
-                            .to_arrow_table())
-            else:
+
+            def query() -> pd.DataFrame:
+                if files and st.current[table]:
+                    # one statement straight over the segments (all have exactly the current columns)
+                    return _frame(self._con.sql(sql.format(src="read_parquet(?)"), params=[files, *(params or [])])
+                                  .to_arrow_table())
                 self._relation(table, files).create_view("_q", replace=True)
-                df = _frame(self._con.sql(sql.format(src="_q"), params=params or []).to_arrow_table())
-            self._result_cache[key] = df
-            while len(self._result_cache) > self.cache_entries:
-                self._result_cache.popitem(last=False)
-            return df.copy()
+                return _frame(self._con.sql(sql.format(src="_q"), params=params or []).to_arrow_table())
+
+            return self._cached((sql, repr(params), tuple(files)), query)
 
         return self._retry(go)
+
+    def _cached(self, key: tuple, compute):
+        """`compute()` once per key (a key names its segment list), kept in an LRU of `cache_entries`; callers get
+        a copy, so nothing they do changes the cached value."""
+        hit = self._result_cache.get(key)
+        if hit is not None:
+            self._result_cache.move_to_end(key)
+            return hit.copy()
+        value = compute()
+        self._result_cache[key] = value
+        while len(self._result_cache) > self.cache_entries:
+            self._result_cache.popitem(last=False)
+        return value.copy()
 
     def _state(self, run_id: str) -> RunState:
         rdir = layout.run_dir(self.path, run_id) if layout.valid_run_id(run_id) else None
@@ -412,27 +419,22 @@ class StoreReader:
         def go() -> list[int]:
             st = self._state(run_id)
             files = st.files["tokens"]
-            key = ("token_steps", tuple(files))
-            hit = self._result_cache.get(key)
-            if hit is not None:
-                self._result_cache.move_to_end(key)
-                return list(hit)
-            steps: set[int] = set()
-            unlisted = []
-            for f in files:
-                runs = st.segment_steps.get(f)
-                if runs is None:
-                    unlisted.append(f)
-                else:
-                    steps.update(stepset.expand(runs))
-            if unlisted:
-                rel = self._relation("tokens", unlisted)
-                steps.update(int(s) for (s,) in rel.aggregate("step", "step").fetchall())
-            out = sorted(steps)
-            self._result_cache[key] = out
-            while len(self._result_cache) > self.cache_entries:
-                self._result_cache.popitem(last=False)
-            return list(out)
+
+            def listed() -> list[int]:
+                steps: set[int] = set()
+                unlisted = []
+                for f in files:
+                    runs = st.segment_steps.get(f)
+                    if runs is None:
+                        unlisted.append(f)
+                    else:
+                        steps.update(stepset.expand(runs))
+                if unlisted:
+                    rel = self._relation("tokens", unlisted)
+                    steps.update(int(s) for (s,) in rel.aggregate("step", "step").fetchall())
+                return sorted(steps)
+
+            return self._cached(("token_steps", tuple(files)), listed)
 
         return self._retry(go)
 
