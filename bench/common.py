@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import statistics
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 
@@ -97,3 +100,20 @@ def machine() -> dict:
     except OSError:
         pass
     return info
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for a dashboard server under test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def export_revision(rev: str, dest: Path, repo: Path | None = None) -> Path:
+    """`git archive` of `rev` unpacked into `dest` (reused when it is there): the code a `--baseline REV` runs."""
+    if not dest.exists():
+        dest.mkdir(parents=True)
+        cwd = repo or Path(__file__).resolve().parents[1]
+        archive = subprocess.run(["git", "archive", rev], cwd=cwd, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest

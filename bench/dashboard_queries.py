@@ -130,16 +130,13 @@ def page_timings(store: Path, reps: int) -> dict[str, float]:
 
 
 def serve_to_first_chart(store: Path, reps: int) -> tuple[list[float], list[float]]:
-    import socket
-
     from bench.browser_check import time_to_first_chart
+    from bench.common import free_port
     from lld_monitor.commands.serve import start_server, stop_server, wait_ready
 
     out, ready = [], []
     for _ in range(reps):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         t0 = time.perf_counter()
         proc = start_server(store, "127.0.0.1", port, quiet=True)
         try:

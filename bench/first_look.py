@@ -192,7 +192,7 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
     from bench.browser_check import APP_IDLE, CHART, launch
     from lld_monitor.commands.serve import start_server, stop_server, wait_ready
 
-    def port() -> int:
+    def free_port() -> int:  # not bench.common's: a --baseline worker imports bench from REV, which may lack it
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
@@ -211,7 +211,7 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
 
     out: dict[str, float] = {}
     for first_view in ("picker", "new tab"):
-        pt = port()
+        pt = free_port()
         t0 = time.perf_counter()
         proc = start_server(store, "127.0.0.1", pt, quiet=True, open_run="small")  # its warm-up opens small
         try:
@@ -281,13 +281,9 @@ def _schema_version(code: Path) -> int:
 def measure(sizes: list[int], root: Path, reps: int, rounds: int, browser: bool, baseline: str | None) -> dict:
     """{size: {"ours": {figure: median}, "baseline": {...}}}; with a baseline, checkout and baseline alternate."""
     root.mkdir(parents=True, exist_ok=True)
-    base_code = None
-    if baseline:
-        base_code = root / f"code-{baseline}"
-        if not base_code.exists():
-            base_code.mkdir()
-            archive = subprocess.run(["git", "archive", baseline], cwd=REPO, check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(base_code)], input=archive, check=True)
+    from bench.common import export_revision
+
+    base_code = export_revision(baseline, root / f"code-{baseline}", REPO) if baseline else None
     result: dict = {}
     for n in sizes:
         store = build(root, n)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import socket
+import json
 import statistics
 import sys
 import time
@@ -23,6 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.browser_check import CHART, launch  # noqa: E402
+from bench.common import free_port, machine  # noqa: E402
+
 MARKS = """
 window.__marks = {};
 new MutationObserver(() => {
@@ -30,9 +33,9 @@ new MutationObserver(() => {
   const a = document.querySelector('[data-testid="stApp"]');
   const st = a ? a.getAttribute('data-test-script-state') : null;
   if (st && !m['script ' + st]) m['script ' + st] = now;
-  if (!m['chart drawn'] && document.querySelector('[data-testid="stPlotlyChart"] .main-svg')) m['chart drawn'] = now;
+  if (!m['chart drawn'] && document.querySelector(%s)) m['chart drawn'] = now;
 }).observe(document, {subtree: true, childList: true, attributes: true});
-"""
+""" % json.dumps(CHART)
 
 
 def bucket(url: str, fn: str) -> str:
@@ -45,12 +48,9 @@ def bucket(url: str, fn: str) -> str:
 def profile(store: str, run: str, reps: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from bench.browser_check import launch
     from lld_monitor.commands.serve import start_server, stop_server, wait_ready
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}/live?run={run}"
     proc = start_server(store, "127.0.0.1", port, quiet=True)
     walls: list[float] = []
@@ -65,7 +65,7 @@ def profile(store: str, run: str, reps: int) -> dict:
             ctx.add_init_script(MARKS)
             first = ctx.new_page()
             first.goto(url)
-            first.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg', timeout=120_000)
+            first.wait_for_selector(CHART, timeout=120_000)
             first.close()
             for _ in range(reps):
                 page = ctx.new_page()
@@ -103,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
     a = ap.parse_args(argv)
-    from bench.common import machine
     from lld_monitor.store import open_store_reader
 
     run = a.run

@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def worker(store: Path, reps: int) -> dict[str, float]:
+    """Runs with REV's lld_monitor first on sys.path, so it uses only the reader and query API both sides have
+    (not bench.dashboard_queries' helpers, which an older REV lacks)."""
     import pandas as pd
 
     from lld_monitor.store import open_store_reader
@@ -73,18 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(store, a.reps)))
         return 0
     sys.path.insert(0, str(REPO))
-    from bench.common import machine
+    from bench.common import export_revision, machine
     from bench.dashboard_queries import build
 
     build(store, steps=20_000)
     codes = [("ours", REPO)]
     if a.baseline:
-        base = Path(f"/tmp/lld-post-mortem-{a.baseline}")
-        if not base.exists():
-            base.mkdir(parents=True)
-            archive = subprocess.run(["git", "archive", a.baseline], cwd=REPO, check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-        codes.append((a.baseline, base))
+        codes.append((a.baseline, export_revision(a.baseline, Path(f"/tmp/lld-post-mortem-{a.baseline}"), REPO)))
     got: dict[str, list[dict[str, float]]] = {k: [] for k, _ in codes}
     for i in range(a.rounds):
         for label, code in (codes if i % 2 == 0 else codes[::-1]):

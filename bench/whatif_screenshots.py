@@ -22,16 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import browser_check as bc  # noqa: E402
+from bench.common import free_port  # noqa: E402
 
 WIDTH, HEIGHT = 1400, 3200  # tall: Streamlit scrolls inside its own container, so the whole page must fit
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_ids(store: Path) -> dict[str, str]:
@@ -122,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Path(tmp) / "store"
         shutil.copytree(args.source, store, ignore=shutil.ignore_patterns(DERIVED_DIR))
         ids = _run_ids(store)
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "lld_monitor.cli", "serve", "--store", str(store), "--port",
                                  str(port)], cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                 start_new_session=True)
