@@ -210,7 +210,7 @@ SQL_CALLS = {"execute", "executemany", "sql", "query", "_run_query", "project", 
 SQL_ALLOW = {
     ("lld_monitor/store/reader.py", "_relation"): "column names come from schema.py / the segment's own columns; "
                                                    "types from a fixed map",
-    ("lld_monitor/store/reader.py", "_run_query.go"): "`{src}` is replaced by a fixed 'read_parquet(?)' "
+    ("lld_monitor/store/reader.py", "_run_query.go.query"): "`{src}` is replaced by a fixed 'read_parquet(?)' "
                                                                    "or '_q'; values are ? parameters",
     ("lld_monitor/store/reader.py", "steps"): "columns validated against schema.STEPS.names before use",
     ("lld_monitor/store/reader.py", "samples"): "WHERE clauses are fixed strings joined by AND; values are ? params",
