@@ -19,9 +19,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # then the few CPU-only packages it imports (requirements-verl.txt says how they were found)
   .venv/bin/pip install -q --no-deps verl==0.9.1
   .venv/bin/pip install -q -r requirements-verl.txt
-  # the fixed-order matmul kernel of pinned numerics, built once per machine (else at the first training)
-  .venv/bin/python -m lld_monitor.backend.matmul >/dev/null 2>&1 \
-    || echo "setup: could not build the matmul kernel (needs cc); training will say what to do" >&2
+  # the C kernels of pinned numerics (fixed-order matmul, exp/log/sqrt/sin/cos), built once per machine (else at the first training)
+  .venv/bin/python -m lld_monitor.backend.ckernels >/dev/null 2>&1 \
+    || echo "setup: could not build the pinned-numerics kernels (needs cc); training will say what to do" >&2
   echo "$want" > "$stamp"
 fi
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

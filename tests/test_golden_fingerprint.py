@@ -36,10 +36,12 @@ def test_first_steps_of_the_demo_runs_match_the_golden_fingerprint(tmp_path):
     assert golden["config_sha256"] == g.config_digest(SPIRAL_CONFIG) and golden["seed"] == DEMO_SEED, (
         "the demo's config or seed changed since the golden fingerprints were recorded: record them again with "
         "`scripts/golden_fingerprint.py --write` (and regenerate sample_runs/)")
-    got = g.fingerprints(tmp_path / "store", SPIRAL_CONFIG, DEMO_SEED, golden["steps"])
-    for mode, want in golden["fingerprints"].items():
-        assert got[mode] == want, (
-            f"the {mode} run's first {golden['steps']} steps differ from the golden fingerprint on {cpu!r} "
-            f"({'a CPU they were reproduced on: the numerics changed' if cpu in golden['cpus'] else 'a new CPU: the pins do not hold here'})")
+    got = g.train_and_hash(tmp_path / "store", SPIRAL_CONFIG, DEMO_SEED, golden["steps"])
+    bad = g.mismatches(got, golden, g.load_golden_steps())
+    assert not bad, "; ".join(
+        f"the {mode} run's first {golden['steps']} steps differ from the golden fingerprint on {cpu!r}, first at {where} "
+        f"({'a CPU they were reproduced on: the numerics changed' if cpu in golden['cpus'] else 'a new CPU: the pins do not hold here'};"
+        " docs/backend.md, 'Reproducibility', says how to find the op: scripts/golden_fingerprint.py --trace)"
+        for mode, where in bad.items())
     if cpu not in golden["cpus"]:
         print(f"new CPU {cpu!r} reproduces the golden fingerprints: add it with `scripts/golden_fingerprint.py --add-cpu`")

@@ -1,5 +1,5 @@
 """The trainer's numerics: `pinned` (the default) gives the same bits for a seed and config on any x86-64 CPU
-with AVX2; `native` lets torch pick the fastest kernels of this CPU (and so another run on another CPU).
+with AVX2 and FMA; `native` lets torch pick the fastest kernels of this CPU (and so another run on another CPU).
 
 What `pinned` fixes, and why each (docs/backend.md, "Reproducibility"):
 - `ATEN_CPU_CAPABILITY=avx2`: ATen compiles each vectorized kernel (softmax, exp, reductions, ...) for
@@ -13,6 +13,10 @@ What `pinned` fixes, and why each (docs/backend.md, "Reproducibility"):
 - the built-in model's matrix products go through `matmul.py`'s fixed-order kernel instead of MKL: the
   same bits everywhere at 2-3x the speed of MKL's COMPATIBLE branch, and the same bits whatever batch
   a row is in.
+- torch's exp, log, sqrt, sin and cos go through `elementwise.py`'s kernels instead of MKL's VML, which
+  picks its code by CPU vendor and ignores `MKL_CBWR` on AMD (`require` installs them for the process).
+- the retriever ranks by exact BM25 scores, ties broken by document index (`retriever.py`): numpy picks
+  its SIMD code by CPU, and bm25s's top-k left the order of tied documents to it.
 - one torch thread (`TrainConfig.deterministic`, as before).
 
 Both environment variables are read once, when torch and MKL load, so they must be set before the first
@@ -72,15 +76,7 @@ def require(numerics: str) -> None:
             "torch (call lld_monitor.backend.numerics.pin_environment() first thing), or use numerics 'native' "
             "(this CPU's fastest kernels; another CPU gives another run)."
         )
+    # imported here, not at the top: it loads torch, which must come after the environment above
+    from .elementwise import install
 
-
-def describe(numerics: str) -> dict:
-    """What a run records about its numerics (run.json's config carries `numerics`; this adds the detail)."""
-    import torch
-
-    return {
-        "numerics": numerics,
-        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "mkl_cbwr": os.environ.get("MKL_CBWR"),
-        "torch": torch.__version__,
-    }
+    install()

@@ -1,7 +1,7 @@
 """The search tool: a small retriever interface with three implementations.
 
-- `BM25Retriever`: BM25 (the `bm25s` package) over a list of documents, e.g. the generated world
-  or a user's JSONL corpus (`load_jsonl_corpus`).
+- `BM25Retriever`: BM25 over a list of documents, e.g. the generated world or a user's JSONL corpus
+  (`load_jsonl_corpus`), with scores and ranking that are the same bits on every machine.
 - `HTTPRetriever`: a client for a Search-R1 style server (`POST /retrieve` with
   `{"queries": [...], "topk": k, "return_scores": true}` answering `{"result": [[{"document":
   {"contents": ...}, "score": ...}, ...], ...]}`).
@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
+
+import numpy as np
 
 from .world import Document
 
@@ -44,34 +48,84 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...
 
 
+def _ln(x: float) -> float:
+    """ln x for x > 0 by a fixed sequence of float64 operations (no libm): the same bits on every machine.
+
+    x = m 2^e with m in [0.707, 1.414]; ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.172, by its series
+    to s^23 (the next term is below 1e-19 of the result)."""
+    m, e = math.frexp(x)  # exact: x = m 2^e, m in [0.5, 1)
+    if m < 0.7071067811865476:
+        m, e = m * 2.0, e - 1
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    q = 1.0 / 23.0
+    for k in range(21, 1, -2):
+        q = q * z + 1.0 / k
+    return e * 6.93147180369123816490e-01 + (e * 1.90821492927058770002e-10 + (2.0 * s + 2.0 * s * (z * q)))
+
+
 class BM25Retriever:
-    """BM25 over in-memory documents. Empty or unmatched queries return no hits."""
+    """BM25 over in-memory documents, ranked by a total order. Empty or unmatched queries return no hits.
+
+    The scoring is bm25s's default (Lucene's): idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)) and a term's weight
+    in a document idf · tf / (tf + k1 (1 - b + b · dl / avgdl)), k1 = 1.5, b = 0.75; a query scores the sum of
+    its tokens' weights (a repeated token counts again). Every score is a fixed sequence of float64 operations
+    on integer counts (`_ln` has no libm), summed in the query's token order, so it has the same bits on every
+    machine; hits are ranked by score, then by document index. In the generated worlds most queries tie inside
+    their top 3, so the tie-break decides which documents a search returns: bm25s left that order to numpy's
+    top-k selection, whose SIMD code depends on the CPU.
+    """
+
+    K1 = 1.5
+    B = 0.75
 
     def __init__(self, documents: Sequence[Document]):
-        import bm25s
-
         if not documents:
             raise ValueError("BM25Retriever needs at least one document")
         self.documents = list(documents)
-        self._bm25 = bm25s.BM25()
-        corpus = [bm25_tokenize(f"{d.title} {d.text}") or ["__empty__"] for d in self.documents]
-        self._bm25.index(corpus, show_progress=False)
+        n = len(self.documents)
+        self._vocab: dict[str, int] = {}
+        docs_of: list[list[int]] = []
+        tf_of: list[list[int]] = []
+        lengths = np.zeros(n, dtype=np.float64)
+        for i, d in enumerate(self.documents):
+            toks = bm25_tokenize(f"{d.title} {d.text}")
+            lengths[i] = len(toks)
+            for term, tf in Counter(toks).items():
+                tid = self._vocab.setdefault(term, len(docs_of))
+                if tid == len(docs_of):
+                    docs_of.append([])
+                    tf_of.append([])
+                docs_of[tid].append(i)
+                tf_of[tid].append(tf)
+        avgdl = float(lengths.sum()) / n  # a sum of integers: exact
+        norm = self.K1 * ((1.0 - self.B) + self.B * (lengths / avgdl))
+        self._docs = [np.asarray(ds, dtype=np.int64) for ds in docs_of]
+        self._weights = []
+        for ds, tfs in zip(self._docs, tf_of):
+            df = len(ds)
+            idf = _ln(1.0 + (n - df + 0.5) / (df + 0.5))
+            tf = np.asarray(tfs, dtype=np.float64)
+            self._weights.append(idf * (tf / (tf + norm[ds])))
+
+    def scores(self, query: str) -> np.ndarray:
+        """Every document's BM25 score for `query` (float64, document order)."""
+        out = np.zeros(len(self.documents), dtype=np.float64)
+        for term in bm25_tokenize(query):
+            tid = self._vocab.get(term)
+            if tid is not None:
+                out[self._docs[tid]] += self._weights[tid]  # a document occurs once per term: elementwise adds
+        return out
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        if not queries:
-            return []
         k_eff = max(1, min(int(k), len(self.documents)))
-        toks = [bm25_tokenize(q) for q in queries]
-        idx, scores = self._bm25.retrieve(toks, k=k_eff, show_progress=False, n_threads=1)
         out: list[list[Hit]] = []
-        for row_i, row_s in zip(idx, scores):
-            hits = []
-            for i, s in zip(row_i, row_s):
-                if float(s) <= 0.0:
-                    continue
-                d = self.documents[int(i)]
-                hits.append(Hit(d.doc_id, d.title, d.text, float(s)))
-            out.append(hits)
+        for q in queries:
+            s = self.scores(q)
+            hit = np.flatnonzero(s > 0.0)
+            best = hit[np.lexsort((hit, -s[hit]))[:k_eff]]  # score descending, then document index
+            out.append([Hit(self.documents[i].doc_id, self.documents[i].title, self.documents[i].text, float(s[i]))
+                        for i in best])
         return out
 
 

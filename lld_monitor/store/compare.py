@@ -79,25 +79,70 @@ def _frame_digest(h, what: str, df: pd.DataFrame, keys: list[str]) -> None:
         h.update(_column_bytes(df[c]))
 
 
+def _run_tables(reader: StoreReader, run_id: str, steps: int | None):
+    """(name, frame, sort keys) of what a run computed in its first `steps` steps, wall clock left out."""
+
+    def head(df: pd.DataFrame) -> pd.DataFrame:
+        return df if steps is None else df[df.step < steps]
+
+    yield "steps", head(reader.steps(run_id)).drop(columns=["run_id", *WALL_CLOCK_STEP_COLUMNS], errors="ignore"), ["step"]
+    m = head(reader.metrics(run_id))
+    yield "metrics", m[~m.key.str.startswith(WALL_CLOCK_METRIC_PREFIX)].drop(columns=["run_id"], errors="ignore"), [
+        "step", "key"]
+    yield "samples", head(reader.samples(run_id)).drop(columns=["run_id"], errors="ignore"), ["step", "rank", "sample_idx"]
+    for st in reader.token_steps(run_id):
+        if steps is None or st < steps:
+            yield f"tokens@{st}", reader.tokens(run_id, st).drop(columns=["run_id"], errors="ignore"), [
+                "rank", "sample_idx", "position"]
+
+
 def run_fingerprint(reader: StoreReader, run_id: str, steps: int | None = None) -> str:
     """sha256 over what a run computed in its first `steps` steps (None: all): every step row, metric,
     sample and logged token, wall-clock columns and the run id left out (the same as `run_differences`
     compares). Two runs have the same fingerprint exactly when they are the same run, bit for bit."""
     import hashlib
 
-    def head(df: pd.DataFrame) -> pd.DataFrame:
-        return df if steps is None else df[df.step < steps]
-
     h = hashlib.sha256()
-    _frame_digest(h, "steps", head(reader.steps(run_id)).drop(columns=["run_id", *WALL_CLOCK_STEP_COLUMNS],
-                                                              errors="ignore"), ["step"])
-    m = head(reader.metrics(run_id))
-    _frame_digest(h, "metrics", m[~m.key.str.startswith(WALL_CLOCK_METRIC_PREFIX)].drop(columns=["run_id"],
-                                                                                          errors="ignore"), ["step", "key"])
-    _frame_digest(h, "samples", head(reader.samples(run_id)).drop(columns=["run_id"], errors="ignore"),
-                  ["step", "rank", "sample_idx"])
-    for st in reader.token_steps(run_id):
-        if steps is None or st < steps:
-            _frame_digest(h, f"tokens@{st}", reader.tokens(run_id, st).drop(columns=["run_id"], errors="ignore"),
-                          ["rank", "sample_idx", "position"])
+    for what, df, keys in _run_tables(reader, run_id, steps):
+        _frame_digest(h, what, df, keys)
     return h.hexdigest()
+
+
+def step_digests(reader: StoreReader, run_id: str, steps: int | None = None) -> dict[str, dict[str, str]]:
+    """What `run_fingerprint` hashes, one short digest per step and column: {step: {"steps.grad_norm": ...,
+    "metrics.actor/ppo_kl": ..., "samples.reward": ..., "tokens.logp_new": ...}}, so that two runs whose
+    fingerprints differ can be told apart at the first step and column that differ (`first_difference`)."""
+    import hashlib
+
+    out: dict[str, dict[str, str]] = {}
+
+    def put(step: int, name: str, payload: bytes) -> None:
+        out.setdefault(str(int(step)), {})[name] = hashlib.sha256(payload).hexdigest()[:12]
+
+    for what, df, keys in _run_tables(reader, run_id, steps):
+        table = what.split("@")[0]
+        df = df.sort_values([k for k in keys if k in df.columns], kind="stable").reset_index(drop=True)
+        if table == "tokens":
+            step = int(what.split("@")[1])
+            for c in sorted(df.columns):
+                put(step, f"tokens.{c}", _column_bytes(df[c]))
+            continue
+        for step, part in df.groupby("step", sort=True):
+            if table == "metrics":
+                for key, row in part.groupby("key", sort=True):
+                    put(step, f"metrics.{key}", _column_bytes(row["value"]))
+            else:
+                for c in sorted(part.columns):
+                    put(step, f"{table}.{c}", _column_bytes(part[c]))
+    return out
+
+
+def first_difference(got: dict[str, dict[str, str]], want: dict[str, dict[str, str]]) -> str | None:
+    """The first step and column where two `step_digests` differ, in words (None: no difference)."""
+    for step in sorted(set(got) | set(want), key=int):
+        a, b = got.get(step, {}), want.get(step, {})
+        for name in sorted(set(a) | set(b)):
+            if a.get(name) != b.get(name):
+                what = "missing here" if name not in a else "not in the reference" if name not in b else "differs"
+                return f"step {step}, {name} ({what})"
+    return None
