@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lld_monitor.backend import ckernels, elementwise
-from lld_monitor.backend.numerics import NumericsError
+from lld_monitor.backend.numerics import NumericsError, numpy_avx512_targets
 from lld_monitor.backend.retriever import BM25Retriever, _ln
 from lld_monitor.backend.world import Document
 
@@ -148,14 +148,8 @@ print(h.hexdigest())
 """
 
 
-def _numpy_avx512_targets() -> list[str]:
-    """numpy's dispatch targets above AVX2 that this CPU runs (turned off, numpy runs as on an AVX2 CPU)."""
-    core = np._core._multiarray_umath
-    return [t for t in core.__cpu_dispatch__ if t != "X86_V3" and core.__cpu_features__.get(t)]
-
-
 def test_bm25_results_are_the_same_with_numpys_avx512_turned_off():
-    targets = _numpy_avx512_targets()
+    targets = numpy_avx512_targets()
     if not targets:
         pytest.skip("this CPU has no AVX-512: numpy runs its AVX2 code already")
     out = {}

@@ -45,3 +45,47 @@ def test_first_steps_of_the_demo_runs_match_the_golden_fingerprint(tmp_path):
         for mode, where in bad.items())
     if cpu not in golden["cpus"]:
         print(f"new CPU {cpu!r} reproduces the golden fingerprints: add it with `scripts/golden_fingerprint.py --add-cpu`")
+
+
+def test_a_mismatch_names_the_first_step_and_column_that_differ():
+    """The failure message's locator: per-step digests of a run against the reference's, first difference named."""
+    from lld_monitor.store import open_store_reader
+    from lld_monitor.store.compare import first_difference, run_fingerprint, step_digests
+
+    g = _script()
+    with open_store_reader(ROOT / "sample_runs") as r:
+        runs = r.runs().set_index("mode")
+        ref = step_digests(r, runs.run_id["vanilla"], 6)
+        fp = run_fingerprint(r, runs.run_id["vanilla"], 6)
+    assert sorted(ref, key=int) == [str(s) for s in range(6)] and "steps.grad_norm" in ref["0"]
+    assert "tokens.logp_new" in ref["0"] and "samples.text" in ref["3"] and "metrics.actor/ppo_kl" in ref["5"]
+    assert first_difference(ref, ref) is None
+    changed = {s: dict(d) for s, d in ref.items()}
+    changed["4"]["samples.reward"] = "0" * 12
+    changed["5"]["steps.grad_norm"] = "0" * 12
+    assert first_difference(changed, ref) == "step 4, samples.reward (differs)"
+    del changed["4"]["samples.reward"]
+    assert first_difference(changed, ref) == "step 4, samples.reward (missing here)"
+    golden = {"fingerprints": {"vanilla": fp}}
+    assert g.mismatches({"vanilla": (fp, ref)}, golden, {"vanilla": ref}) == {}
+    assert g.mismatches({"vanilla": ("x" * 64, changed)}, golden, {"vanilla": ref}) == {
+        "vanilla": "step 4, samples.reward (missing here)"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_golden_run_is_the_same_with_numpys_avx512_code_turned_off(tmp_path, monkeypatch):
+    """numpy picks its SIMD code by CPU: with its AVX-512 targets turned off it runs as on an AVX2-only CPU, and
+    the whole golden length must still give the golden fingerprints (the retriever ranked by numpy's top-k
+    before: another run from step 0)."""
+    from lld_monitor.backend.numerics import numpy_avx512_targets
+    from lld_monitor.commands.demo import DEMO_SEED, SPIRAL_CONFIG
+
+    targets = numpy_avx512_targets()
+    if not targets:
+        pytest.skip("this CPU has no AVX-512: numpy's AVX2 code is what the golden test ran")
+    monkeypatch.setenv("NPY_DISABLE_CPU_FEATURES", " ".join(targets))
+    g = _script()
+    golden = g.load_golden()
+    got = g.train_and_hash(tmp_path / "store", SPIRAL_CONFIG, DEMO_SEED, golden["steps"])
+    assert not g.mismatches(got, golden, g.load_golden_steps())

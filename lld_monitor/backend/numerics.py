@@ -80,3 +80,12 @@ def require(numerics: str) -> None:
     from .elementwise import install
 
     install()
+
+
+def numpy_avx512_targets() -> list[str]:
+    """numpy's SIMD targets above AVX2 that this CPU runs: with them in `NPY_DISABLE_CPU_FEATURES`, numpy runs
+    the code it runs on a CPU without AVX-512 (the tests check that a pinned run does not change)."""
+    import numpy as np  # here: this module stays importable without numpy (config checks)
+
+    core = np._core._multiarray_umath
+    return [t for t in core.__cpu_dispatch__ if t != "X86_V3" and core.__cpu_features__.get(t)]
