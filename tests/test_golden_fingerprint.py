@@ -89,3 +89,31 @@ def test_the_golden_run_is_the_same_with_numpys_avx512_code_turned_off(tmp_path,
     golden = g.load_golden()
     got = g.train_and_hash(tmp_path / "store", SPIRAL_CONFIG, DEMO_SEED, golden["steps"])
     assert not g.mismatches(got, golden, g.load_golden_steps())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_op_trace_records_and_a_diff_names_the_first_op_that_differs(tmp_path):
+    import gzip
+    import json
+    import subprocess
+    import sys
+
+    a = tmp_path / "a.jsonl.gz"
+    res = subprocess.run([sys.executable, "scripts/golden_fingerprint.py", "--trace", str(a)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in gzip.open(a, "rt")]
+    assert len(rows) > 10_000 and {"aten.exp.default", "aten.sqrt.default", "aten.multinomial.default"} <= {
+        r["op"] for r in rows}
+    same = subprocess.run([sys.executable, "scripts/golden_fingerprint.py", "--diff-trace", str(a), str(a)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert same.returncode == 0 and "agree" in same.stdout
+    k = next(i for i, r in enumerate(rows) if r["op"] == "aten.sqrt.default" and r["sha"] not in (None, "noise"))
+    rows[k]["sha"] = "0" * 16
+    b = tmp_path / "b.jsonl.gz"
+    with gzip.open(b, "wt") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    diff = subprocess.run([sys.executable, "scripts/golden_fingerprint.py", "--diff-trace", str(a), str(b)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert diff.returncode == 1 and f"line {k} " in diff.stdout and "output of aten.sqrt.default" in diff.stdout
