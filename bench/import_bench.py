@@ -87,9 +87,9 @@ def main() -> int:
 
     import numpy as np
 
-    from lld_monitor.integrations.wandb_import import import_offline, import_online
-    from lld_monitor.integrations.wandb_offline import read_offline_runs
-    from lld_monitor.logger import RunLogger
+    from lld_monitor.integrations.wandb.importer import import_offline, import_online
+    from lld_monitor.integrations.wandb.offline_file import read_offline_runs
+    from lld_monitor.logger import LoggerOptions, RunLogger
     from lld_monitor.store import open_store_reader
     from lld_monitor.ui import queries
 
@@ -128,7 +128,7 @@ def main() -> int:
     local_ids = []
     for name in ("local-a", "local-b"):
         with RunLogger(str(store), name, "vanilla", {}, flush_every_steps=1000, detector=False,
-                       handle_signals=False, queue_size=args.steps + 1) as log:
+                       handle_signals=False, options=LoggerOptions(queue_size=args.steps + 1)) as log:
             for s in range(args.steps):
                 log.log_step(s, scalars={"reward_mean": float(rng.random()), "grad_norm": float(rng.random()),
                                          "entropy": float(rng.random()), "clip_frac": float(rng.random())})

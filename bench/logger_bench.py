@@ -48,7 +48,7 @@ def as_torch(d):
 def bench_logger(steps: int, use_torch: bool, rng, gap_s: float = 0.0) -> dict[str, float]:
     """Log `steps` steps; `gap_s` = simulated training compute between steps (sleep: releases the GIL
     like torch kernels do). gap_s=0 is the worst case: the writer thread competes for every cycle."""
-    from lld_monitor.logger import RunLogger
+    from lld_monitor.logger import LoggerOptions, RunLogger
 
     data = [payload(s, rng) for s in range(steps)]
     if use_torch:
@@ -56,7 +56,7 @@ def bench_logger(steps: int, use_torch: bool, rng, gap_s: float = 0.0) -> dict[s
     vocab = [f"tok{i}" for i in range(VOCAB)]
     with tempfile.TemporaryDirectory() as d:
         lg = RunLogger(Path(d) / "s", "bench", "vanilla", {}, vocab=vocab, flush_every_steps=10, flush_every_s=2.0,
-                       handle_signals=False, queue_size=1024)
+                       handle_signals=False, options=LoggerOptions(queue_size=1024))
         lat = []
         t0 = time.perf_counter()
         for s, (smp, tok) in enumerate(data):
@@ -76,6 +76,7 @@ def bench_logger(steps: int, use_torch: bool, rng, gap_s: float = 0.0) -> dict[s
 
 def token_tables(steps: int, rng) -> list[pa.Table]:
     """The exact token rows the logger stores, as Arrow tables (one per step), built once up front."""
+    from lld_monitor.roles import ROLES
     from lld_monitor.store import schema
 
     out = []
@@ -88,7 +89,7 @@ def token_tables(steps: int, rng) -> list[pa.Table]:
                 "rank": pa.array(np.zeros(r.size, np.int32)), "sample_idx": pa.array(r.astype(np.int32)),
                 "position": pa.array(c.astype(np.int32)), "token_id": pa.array(tok["token_id"][r, c].astype(np.int32)),
                 "token_text": pa.array(vocab[tok["token_id"][r, c]].tolist()),
-                "role": pa.array(np.asarray(schema.ROLES, dtype=object)[tok["role"][r, c]].tolist()),
+                "role": pa.array(np.asarray(ROLES, dtype=object)[tok["role"][r, c]].tolist()),
                 "action_idx": pa.array(tok["action_idx"][r, c].astype(np.int32))}
         for k in ("logp_old", "logp_new", "logp_ref", "entropy"):
             cols[k] = pa.array(tok[k][r, c], mask=tool)

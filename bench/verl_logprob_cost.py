@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.verl_logprob_cost                   # defaults below, 1 thread, 5 repetitions
     .venv/bin/python -m bench.verl_logprob_cost --reps 7 --json out.json
 
-The hook (lld_monitor/integrations/verl_hook.py) runs one more forward pass of the actor over the step's batch
+The hook (lld_monitor/integrations/trainers/verl_hook.py) runs one more forward pass of the actor over the step's batch
 after verl's update. Per repetition, interleaved, on a small Qwen2 built from a config (random weights):
 
     update     verl's actor update with ppo_epochs = 1, one mini-batch: forward with grad -> float32 token

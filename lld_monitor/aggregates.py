@@ -3,7 +3,7 @@
 Pure numpy (torch tensors are accepted and copied to CPU numpy; torch itself is never imported).
 Every path that writes these signals calls `step_aggregates`: RunLogger (so the built-in trainer and
 the TRL hook, which log through it), the built-in trainer's progress bar and detector, and the verl
-helper `integrations.verl.lld_metrics`. Per-sample sums from [N, T] token arrays come from
+helper `integrations.trainers.verl_metrics.lld_metrics`. Per-sample sums from [N, T] token arrays come from
 `sample_sums_from_tokens`, also shared.
 
 A *preserved* response is one with advantage Â >= 0 and at least one action token (docs/lld.md says
@@ -17,9 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lld_monitor.store import schema
-
-TOOL_ROLE = schema.ROLES.index("tool")
+from lld_monitor.roles import ROLE_TOOL
 
 Aggregates = dict[str, float | int | None]
 
@@ -51,7 +49,7 @@ def _f64(s: Mapping[str, Any], key: str) -> np.ndarray:
 def sample_sums_from_tokens(tok: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Per-sample action-token sums from [N, T] token arrays (tool tokens and masked positions excluded).
 
-    Reads `mask` (default all), `role` (codes of schema.ROLES; tool tokens excluded), `logp_old`,
+    Reads `mask` (default all), `role` (codes of roles.ROLES; tool tokens excluded), `logp_old`,
     `logp_new`, `action_idx`; gives n_action_tokens, logp_old_sum, logp_new_sum, delta_sum, delta_mean,
     n_actions and n_actions_displaced for what the inputs determine. Sums are float64.
     """
@@ -59,7 +57,7 @@ def sample_sums_from_tokens(tok: Mapping[str, Any]) -> dict[str, np.ndarray]:
     shape = next(iter(tok.values())).shape
     mask = tok["mask"].astype(bool) if "mask" in tok else np.ones(shape, dtype=bool)
     if "role" in tok:
-        mask = mask & (tok["role"] != TOOL_ROLE)
+        mask = mask & (tok["role"] != ROLE_TOOL)
     out: dict[str, np.ndarray] = {"n_action_tokens": mask.sum(axis=1).astype(np.int32)}
     new = old = None
     if "logp_old" in tok:

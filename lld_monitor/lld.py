@@ -107,9 +107,9 @@ __all__ = [
     "LLDSTokens",
     "logprobs_and_entropy",
     "ppo_clip_loss",
+    "response_advantages",
     "token_entropy",
     "token_logprobs",
-    "token_roles",
 ]
 
 logger = logging.getLogger(__name__)
@@ -358,7 +358,7 @@ def displacement(logp_new: Tensor, logp_old: Tensor, action_mask: Tensor) -> Dis
     )
 
 
-def _response_advantages(advantages: Tensor, b: int, mask: Tensor | None = None) -> Tensor:
+def response_advantages(advantages: Tensor, b: int, mask: Tensor | None = None) -> Tensor:
     """Per-response Â [B] from [B] or verl-style tiled [B, T] advantages.
 
     verl tiles Â over the response and zeroes it on padding, so a [B, T] row is read at its first
@@ -380,19 +380,6 @@ def _response_advantages(advantages: Tensor, b: int, mask: Tensor | None = None)
     return advantages
 
 
-def token_roles(action_mask: Tensor, answer_mask: Tensor | None = None) -> Tensor:
-    """Role codes for RunLogger's ``tokens['role']`` (``schema.ROLES`` order): 0 action, 1 tool, 2 answer.
-
-    Every non-action position is 1 (tool); pass the logger's ``mask`` to mark padding separately.
-    """
-    m = _as_bool_mask("action_mask", action_mask)
-    roles = torch.where(m, torch.zeros_like(m, dtype=torch.int8), torch.ones_like(m, dtype=torch.int8))
-    if answer_mask is not None:
-        am = _as_bool_mask("answer_mask", answer_mask, m)
-        roles = torch.where(am & m, torch.full_like(roles, 2), roles)
-    return roles
-
-
 def displacement_summary(
     stats: DisplacementStats, advantages: Tensor, correct: Tensor | None = None
 ) -> dict[str, float]:
@@ -409,7 +396,7 @@ def displacement_summary(
     """
     b = stats.response_sum.shape[0]
     dev = stats.response_sum.device
-    adv = _response_advantages(advantages, b, stats.action_idx >= 0).to(dev)
+    adv = response_advantages(advantages, b, stats.action_idx >= 0).to(dev)
     has_tok = stats.n_tokens > 0
     pre = (adv >= 0) & has_tok
     n_pre = int(pre.sum().item())
@@ -579,7 +566,7 @@ def ppo_clip_loss(
             raise ValueError(f"advantages [B, T] must match logp {tuple(logp.shape)}, got {tuple(adv.shape)}")
         adv = adv.float()
     else:
-        adv = _response_advantages(adv, b).float().unsqueeze(1)
+        adv = response_advantages(adv, b).float().unsqueeze(1)
     adv = adv.to(logp.device)
     zero = torch.zeros((), device=logp.device)
     log_ratio = torch.where(m, logp.float() - logp_old.detach().float(), zero)
@@ -721,7 +708,7 @@ def _llds_terms(
     _check_2d("logp_old", logp_old, logp)
     m = _as_bool_mask("action_mask", action_mask, logp)
     b = logp.shape[0]
-    adv = _response_advantages(advantages, b, m).to(logp.device)
+    adv = response_advantages(advantages, b, m).to(logp.device)
     beta = _resolve_beta(cfg, valid_searches_mean)
     if beta is not None and answer_mask is None:
         raise ValueError("LLDS-MA (answer_weight / adaptive_beta set) needs answer_mask; build it with answer_span_mask()")
@@ -800,7 +787,7 @@ def llds_normalizer(advantages: Tensor, action_mask: Tensor, norm: str) -> int:
         return int(n_tok.sum())
     if norm == "seq_mean":
         return int((n_tok > 0).sum())
-    adv = _response_advantages(advantages, m.shape[0], m).to(m.device)
+    adv = response_advantages(advantages, m.shape[0], m).to(m.device)
     return int(((adv >= 0) & (n_tok > 0)).sum())
 
 

@@ -3,8 +3,9 @@
 On the caller's thread `log_step` only copies what it is given to CPU numpy (torch tensors are
 detached and copied; torch itself is never imported here) and puts it on a bounded queue. A
 background thread computes the step aggregates from all samples (`aggregates.step_aggregates`), builds
-the Arrow batches for the steps / metrics / samples / tokens tables, runs the online detector, forwards to W&B (if asked) and flushes the store every `flush_every_steps` steps or
-`flush_every_s` seconds, whichever comes first.
+the Arrow batches for the steps / metrics / samples / tokens tables, hands each step to the sinks (the online
+detector, added by default; the W&B exporter or your own: `sinks.py`) and flushes the store every
+`flush_every_steps` steps or `flush_every_s` seconds, whichever comes first.
 
 ```python
 with RunLogger("lld_runs", "my run", "vanilla", config) as log:
@@ -35,8 +36,11 @@ import numpy as np
 import pyarrow as pa
 
 from .aggregates import derive_sample_columns, sample_sums_from_tokens, step_aggregates, to_numpy
-from .detect import OnlineDetector, load_detector_config
-from .detect.checkpoint import CHECKPOINT_EVERY, CheckpointRecorder
+from .detect import load_detector_config
+from .detect.checkpoint import CHECKPOINT_EVERY
+from .detect.sink import DetectorSink
+from .roles import ROLE_TOOL, ROLES
+from .sinks import Sink, StepEvent
 from .store import RunWriter, WriterConfig, schema
 
 log = logging.getLogger(__name__)
@@ -45,9 +49,8 @@ STEP_COLUMNS = frozenset(schema.STEP_SIGNALS) | {"n_samples"}
 SAMPLE_COLUMNS = tuple(n for n in schema.SAMPLES.names if n not in ("run_id", "step", "rank"))
 REQUIRED_SAMPLE_COLUMNS = ("reward", "advantage", "group_id")
 TOKEN_COLUMNS = ("token_id", "mask", "role", "action_idx", "logp_old", "logp_new", "logp_ref", "entropy")
-TOOL_ROLE = schema.ROLES.index("tool")
-__all__ = ["RunLogger", "step_aggregates", "derive_sample_columns", "sample_sums_from_tokens", "to_numpy", "to_float"]
-_ROLES_ARROW = pa.array(list(schema.ROLES), type=pa.string())
+__all__ = ["LoggerOptions", "RunLogger", "step_aggregates", "derive_sample_columns", "sample_sums_from_tokens", "to_numpy", "to_float"]
+_ROLES_ARROW = pa.array(list(ROLES), type=pa.string())
 _STOP = object()
 
 
@@ -131,6 +134,15 @@ def _install_hooks() -> None:
 
 
 # ----------------------------------------------------------------------------- the logger
+@dataclasses.dataclass(frozen=True)
+class LoggerOptions:
+    """Knobs a training loop rarely sets (tests and benchmarks do)."""
+
+    queue_size: int = 256  # steps queued for the writer thread before log_step waits
+    detector_checkpoint_every: int = CHECKPOINT_EVERY  # the online detector's state every N steps (detect/checkpoint.py)
+    writer: WriterConfig | None = None  # segment compaction settings (store/writer.py)
+
+
 @dataclasses.dataclass
 class _Item:
     step: int
@@ -155,26 +167,32 @@ class RunLogger:
         run_id: str | None = None,
         rank: int = 0,
         world_size: int = 1,
-        flush_every_steps: int = 10,
-        flush_every_s: float = 2.0,
         token_every: int = 1,
         token_groups: int | None = None,
         vocab: Sequence[str] | None = None,
-        detector: bool = True,
-        detector_config: Any = None,
-        wandb: Any = None,
-        detector_checkpoint_every: int = CHECKPOINT_EVERY,
-        queue_size: int = 256,
+        detector: Any = True,
+        sinks: Sequence[Sink] = (),
+        flush_every_steps: int = 10,
+        flush_every_s: float = 2.0,
         handle_signals: bool = True,
-        writer_config: WriterConfig | None = None,
+        options: LoggerOptions | None = None,
     ):
+        """`detector`: True or None (the defaults, or $LLD_MONITOR_DETECTOR_CONFIG's file if set), False, or a config (a
+        DetectorConfig, a mapping of overrides, or a JSON file as `lld-monitor detect --config` takes); a bad one
+        fails here, before the run exists. `sinks` get every stored step after the detector (`sinks.py`).
+        `handle_signals`: mark the run crashed on an unhandled exception or SIGTERM (main thread only)."""
+        options = options or LoggerOptions()
         if flush_every_steps < 1 or flush_every_s <= 0 or token_every < 0:
             raise ValueError("flush_every_steps >= 1, flush_every_s > 0 and token_every >= 0 (0 = never) are required")
         if token_groups is not None and token_groups < 0:
             raise ValueError("token_groups must be None (all groups) or >= 0")
-        # DetectorConfig, a mapping of overrides or a JSON file (lld-monitor detect --config's format); None:
-        # $LLD_MONITOR_DETECTOR_CONFIG's file if set, else the defaults. A bad one fails here, before the run exists.
-        detector_cfg = load_detector_config(detector_config) if (detector and rank == 0) else None
+        bad = [s for s in sinks if not isinstance(s, Sink)]
+        if bad:
+            raise TypeError(f"sinks need on_step(event) and on_close(status) (lld_monitor.sinks.Sink); got {bad!r}")
+        detector_sink = None
+        if detector is not False and rank == 0:
+            cfg = load_detector_config(None if detector is True else detector)
+            detector_sink = DetectorSink(cfg, checkpoint_every=options.detector_checkpoint_every)
         self.rank = rank
         self.flush_every_steps = flush_every_steps
         self.flush_every_s = flush_every_s
@@ -183,19 +201,15 @@ class RunLogger:
         self._vocab = None if vocab is None else pa.array([str(v) for v in vocab], type=pa.string())
         self._writer = RunWriter.create(
             store, run_name, mode, source=source, config=config, model=model, run_id=run_id,
-            rank=rank, world_size=world_size, writer_config=writer_config,
+            rank=rank, world_size=world_size, writer_config=options.writer,
         )
         self.run_id = self._writer.run_id
         # first use of Arrow's compute kernels costs ~0.5 s: pay it here, not inside a step
         _ROLES_ARROW.take(pa.array([0]))
         pa.repeat(pa.scalar("x"), 2)
-        self._detector = OnlineDetector(detector_cfg) if detector_cfg is not None else None
-        # the detector's state, alerts and phases go to the `detector_state` table every N steps and at the end,
-        # so a reader replays only the steps after the last checkpoint (lld_monitor/detect/checkpoint.py)
-        self._checkpoints = (CheckpointRecorder(self._detector, every=detector_checkpoint_every)
-                             if self._detector is not None else None)
-        self._wandb = self._make_wandb(wandb) if (wandb is not None and wandb is not False and rank == 0) else None
-        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._detector = detector_sink
+        self._sinks: list[Sink] = ([detector_sink] if detector_sink is not None else []) + (list(sinks) if rank == 0 else [])
+        self._q: queue.Queue = queue.Queue(maxsize=options.queue_size)
         self._abort_status: str | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -208,17 +222,10 @@ class RunLogger:
         if handle_signals:
             _install_hooks()
 
-    # ------------------------------------------------------------------ optional parts
-    def _make_wandb(self, run: Any) -> Any:
-        if run is True:
-            import wandb as _wandb  # noqa: PLC0415
-
-            run = _wandb.run
-            if run is None:
-                raise ValueError("RunLogger(wandb=True) needs an active run: call wandb.init() first, or pass the run")
-        from lld_monitor.integrations.wandb_export import WandbExporter  # noqa: PLC0415
-
-        return WandbExporter(run)
+    @property
+    def phase(self) -> str | None:
+        """The online detector's phase after the last step it processed (None without a detector)."""
+        return self._detector.phase if self._detector is not None else None
 
     # ------------------------------------------------------------------ caller side
     def log_step(
@@ -278,11 +285,11 @@ class RunLogger:
                     item = self._q.get(timeout=min(wait, 0.5) if wait > 0 else 0.001)
             except queue.Empty:
                 if self._abort_status is not None:
-                    self._final_checkpoint()
+                    self._close_sinks()
                     return  # drained after SIGTERM; the handler finishes the writer
                 item = None
             if item is _STOP:
-                self._final_checkpoint()
+                self._close_sinks()
                 self._q.task_done()
                 return
             if item is not None:
@@ -337,42 +344,39 @@ class RunLogger:
             w.append("samples", {"step": np.full(n, it.step), **cols})
             if it.tokens is not None and self._token_step(it.step):
                 self._append_tokens(it.step, cols, it.tokens)
-        alerts: list[Any] = []
-        if self._checkpoints is not None and self.rank == 0:
-            # every step row goes through the detector (a row without signals is no update, but a reader's
-            # replay sees it too: the checkpoint digest covers exactly the rows stored)
-            try:
-                alerts = list(self._checkpoints.update(it.step, signals))
-                if self._checkpoints.due:
-                    w.append("detector_state", self._checkpoints.checkpoint())
-            except Exception:  # noqa: BLE001
-                log.exception("online detector failed at step %d; disabled for run %s", it.step, self.run_id)
-                self._detector = self._checkpoints = None
-            if alerts:
-                recs = [schema.alert_record(a) for a in alerts]
-                w.append("alerts", {c: [r[c] for r in recs] for c in schema.ALERT_COLUMNS})
-        if self._wandb is not None:
-            try:
-                self._wandb_forward(it.step, signals, alerts)
-            except Exception:  # noqa: BLE001
-                log.exception("W&B export failed at step %d; disabled for run %s", it.step, self.run_id)
-                self._wandb = None
+        if self.rank == 0:
+            self._run_sinks(StepEvent(it.step, signals))
         self.steps_logged += 1
 
-    def _final_checkpoint(self) -> None:
-        """The detector's state after the last step (writer thread, before the writer finishes)."""
-        if self._checkpoints is not None and self._checkpoints.pending:
+    def _run_sinks(self, event: StepEvent) -> None:
+        """Hand the step to each sink in turn; store what they raised (alerts) and recorded (their rows)."""
+        for sink in list(self._sinks):
             try:
-                self._writer.append("detector_state", self._checkpoints.checkpoint())
-            except Exception:  # noqa: BLE001 - the run's data matters more than a checkpoint
-                log.exception("run %s: final detector checkpoint not written", self.run_id)
+                sink.on_step(event)
+            except Exception:  # noqa: BLE001
+                log.exception("sink %s failed at step %d; dropped for run %s", type(sink).__name__, event.step,
+                              self.run_id)
+                self._drop(sink)
+        for table, cols in event.records:
+            self._writer.append(table, cols)
+        if event.alerts:
+            recs = [schema.alert_record(a) for a in event.alerts]
+            self._writer.append("alerts", {c: [r[c] for r in recs] for c in schema.ALERT_COLUMNS})
 
-    def _wandb_forward(self, step: int, signals: dict[str, float], alerts: list[Any]) -> None:
-        ex = self._wandb
-        if hasattr(ex, "log_step"):
-            ex.log_step(step, signals, alerts)
-        else:
-            ex(step, signals, alerts)
+    def _drop(self, sink: Sink) -> None:
+        self._sinks.remove(sink)
+        if sink is self._detector:
+            self._detector = None
+
+    def _close_sinks(self) -> None:
+        """Each sink's last records (the detector's final checkpoint), in the writer thread before the run ends."""
+        status = self._abort_status or "finished"
+        for sink in list(self._sinks):
+            try:
+                for table, cols in sink.on_close(status) or []:
+                    self._writer.append(table, cols)
+            except Exception:  # noqa: BLE001 - the run's data matters more than a sink's last word
+                log.exception("run %s: sink %s failed at close", self.run_id, type(sink).__name__)
 
     def _token_step(self, step: int) -> bool:
         return self.token_every > 0 and step % self.token_every == 0 and self.token_groups != 0
@@ -392,9 +396,9 @@ class RunLogger:
         if r.size == 0:
             return
         role = tok["role"][r, c].astype(np.int64) if "role" in tok else np.zeros(r.size, dtype=np.int64)
-        if role.size and (role.min() < 0 or role.max() >= len(schema.ROLES)):
-            raise ValueError(f"token roles must be codes 0..{len(schema.ROLES) - 1} ({schema.ROLES})")
-        tool = role == TOOL_ROLE
+        if role.size and (role.min() < 0 or role.max() >= len(ROLES)):
+            raise ValueError(f"token roles must be codes 0..{len(ROLES) - 1} ({ROLES})")
+        tool = role == ROLE_TOOL
         tid = ids[r, c].astype(np.int64)
         # strings via Arrow `take` (C++, no per-token Python objects: the caller thread keeps the GIL)
         cols: dict[str, Any] = {

@@ -6,7 +6,7 @@ each marked *exact* (the same number) or *proxy* (related, but not the same numb
 
 Who derives what from here:
 - the store's `schema.STEP_SIGNALS` are the rows with ``stored=True``, in this order;
-- the W&B importer (`integrations.mapping`) copies into `steps` only *exact* external keys
+- the W&B importer (`map_row` below, used by `integrations.wandb`) copies into `steps` only *exact* external keys
   (`import_sources`): a stored column always means exactly what its row says;
 - the detector (`detect.signals`) and the dashboard (`ui.signals`) rank candidates with the same
   function (`candidates`): the column itself, then its exact keys, then its proxies. The dashboard
@@ -23,6 +23,7 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 OURS = "ours"
 EXPORT_PREFIX = "lld/"
@@ -298,12 +299,50 @@ def markdown_table() -> str:
         "1. Add its name to `FRAMEWORKS` in `lld_monitor/signals.py`.",
         "2. For each signal it logs, add a `Source(key, framework, exact, note)` to that signal's `sources`",
         "   (exact keys before proxies; `a / b` or `a + b` for a key derived from two).",
-        "3. If its runs can be recognised from their keys, teach `integrations.mapping.detect_family`.",
+        "3. If its runs can be recognised from their keys, teach `integrations.wandb.run_profile.detect_family`.",
         "4. Regenerate this page: `python -m lld_monitor.signals > docs/signals.md`.",
         "",
         "The importer, the detector's candidates and the dashboard's series all follow from these rows.",
     ]
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- keys of other frameworks
+# (signal, source) in priority order per signal: `lld/<signal>` first, then the frameworks' exact keys
+KEY_MAP: tuple[tuple[str, Source], ...] = tuple(
+    (name, src) for name in STEP_SIGNALS for src in import_sources(name)
+)
+
+# keys that carry the step axis rather than a value
+TRL_STEP_KEY = "train/global_step"
+LLD_STEP_KEY = "lld/step"  # written by integrations.wandb.export.WandbExporter
+SKIP_KEYS = frozenset({"_step"})
+
+
+@lru_cache(maxsize=1024)
+def _plan(keys: frozenset[str]) -> tuple[tuple[str, Source], ...]:
+    """The mappings whose keys are all among `keys`, in priority order (rows of a run share key sets)."""
+    return tuple((name, src) for name, src in KEY_MAP if all(k in keys for k in src.parts))
+
+
+def map_row(row: Mapping[str, object]) -> dict[str, float]:
+    """Step signals found in one history row (first source with a number per signal; NaN is a number)."""
+    out: dict[str, float] = {}
+    for name, src in _plan(frozenset(row.keys())):
+        if name in out:
+            continue
+        v = src.read(row)
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def mapped_keys(keys: set[str] | list[str]) -> dict[str, str]:
+    """signal -> the key that would feed it, for a set of logged keys (first candidate present)."""
+    out: dict[str, str] = {}
+    for name, src in _plan(frozenset(keys)):
+        out.setdefault(name, src.key)
+    return out
 
 
 if __name__ == "__main__":

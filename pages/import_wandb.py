@@ -1,6 +1,6 @@
 """Import from W&B: pull runs into the current store (offline wandb/ folders, or online through the W&B API).
 
-Thin page: the work is lld_monitor.integrations.wandb_import (no torch on this path). The API key field is
+Thin page: the work is lld_monitor.integrations.wandb.importer (no torch on this path). The API key field is
 optional (default: WANDB_API_KEY / ~/.netrc / `wandb login`); its value goes to wandb.Api only, the form
 is cleared on submit, and nothing stores or prints it.
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from lld_monitor.integrations import wandb_import as wi
+from lld_monitor.integrations.wandb import importer as wi
 from lld_monitor.store.schema import MODES
 from lld_monitor.ui import widgets
 

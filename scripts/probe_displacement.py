@@ -62,13 +62,13 @@ def probe(config: str | None, pre: int, probes: int, seed: int = 1, heldout: int
     from lld_monitor.backend.grpo import Trainer
     from lld_monitor.backend.model import forward_logprobs
     from lld_monitor.backend.reward import em_reward
-    from lld_monitor.store.schema import ROLE_ACTION
+    from lld_monitor.roles import ROLE_ACTION
 
     cfg = load_config(config, mode=pre_mode, seed=seed)
     tr = Trainer(cfg, tempfile.gettempdir(), "probe", progress=False)  # steps are not logged: no store is written
     reward = float("nan")
     for s in tqdm(range(pre), desc=f"{pre_mode} steps before the probe", disable=not progress):
-        reward = tr.step(s)["scalars"]["critic/score/mean"]
+        reward = tr.step(s).scalars["critic/score/mean"]
     qs = random.Random(12345).sample(tr.world.questions, min(heldout, len(tr.world.questions)))
     ro = rollout(tr.model, tr.tok, [format_prompt(q.question, cfg.env) for q in qs], tr.retriever, cfg.env,
                  torch.Generator().manual_seed(999))
@@ -93,7 +93,7 @@ def probe(config: str | None, pre: int, probes: int, seed: int = 1, heldout: int
             tr.model.load_state_dict(state[0])
             tr.opt.load_state_dict(state[1])
             tr.llds_cfg = llds_cfg
-            smp = tr.step(step)["samples"]
+            smp = tr.step(step).samples
             d, adv, rew = smp["logp_new_sum"] - smp["logp_old_sum"], smp["advantage"], smp["reward"]
             dh = heldout_ll() - base
             row["reward"] = float(rew.mean())

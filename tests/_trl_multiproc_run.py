@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_integrations_trl import dataset, grpo_args, make_tokenizer, tiny_model  # noqa: E402
 
 from lld_monitor import lld  # noqa: E402
-from lld_monitor.integrations.trl import LLDGRPOTrainer  # noqa: E402
+from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer  # noqa: E402
 from lld_monitor.logger import RunLogger  # noqa: E402
 
 LLDS = lld.LLDSConfig(lam=0.3, norm="response", gate="token")  # token gate: some token of a preserved response falls

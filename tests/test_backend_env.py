@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from lld_monitor.backend.env import INVALID_MESSAGE, ROLE_ACTION, ROLE_TOOL, EnvConfig, parse_action, rollout
+from lld_monitor.backend.config import EnvConfig
+from lld_monitor.backend.env import INVALID_MESSAGE, parse_action, rollout
 from lld_monitor.backend.retriever import BM25Retriever, HTTPRetriever, load_jsonl_corpus
 from lld_monitor.backend.reward import em_reward, extract_answer, normalize_answer
 from lld_monitor.backend.world import Document, WorldConfig, build_world
+from lld_monitor.roles import ROLE_ACTION, ROLE_TOOL
 
 
 # ------------------------------------------------------------------ parsing

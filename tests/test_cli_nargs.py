@@ -26,7 +26,7 @@ def test_import_wandb_offline_takes_several_paths(argv, want):
 
 
 def test_import_wandb_runs_every_offline_path(monkeypatch, tmp_path):
-    import lld_monitor.integrations.wandb_import as wi
+    import lld_monitor.integrations.wandb.importer as wi
 
     seen = []
     monkeypatch.setattr(wi, "import_offline", lambda store, path, **kw: seen.append(path) or [])

@@ -14,7 +14,7 @@ import pytest
 from lld_monitor.detect import DetectorConfig, OnlineDetector
 from lld_monitor.detect.checkpoint import CheckpointRecorder, replay_checkpoint, resume
 from lld_monitor.detect.synthetic import SpiralSpec, spiral, to_verl
-from lld_monitor.logger import RunLogger
+from lld_monitor.logger import LoggerOptions, RunLogger
 from lld_monitor.store import RunWriter, open_store_reader
 from lld_monitor.store.detector_cache import cache_files
 from lld_monitor.store.schema import STEP_SIGNALS
@@ -45,7 +45,7 @@ def _log_spiral(store, every: int = 100, cfg: dict | None = None) -> str:
     sig = spiral(SPEC)
     cols = [c for c in sig.columns if c != "step"]
     with RunLogger(store, "spiral", "vanilla", handle_signals=False, flush_every_steps=200,
-                   detector_checkpoint_every=every, detector_config=cfg) as lg:
+                   detector=cfg, options=LoggerOptions(detector_checkpoint_every=every)) as lg:
         for row in sig.itertuples(index=False):
             d = row._asdict()
             lg.log_step(int(d["step"]), scalars={c: float(d[c]) for c in cols})
@@ -102,7 +102,7 @@ def test_a_resumed_run_uses_only_checkpoints_that_match_what_is_stored(tmp_path)
 
 
 def test_imported_run_is_replayed_once_then_restored_from_its_cache(tmp_path):
-    from lld_monitor.integrations.to_store import ImportSpec, write_run
+    from lld_monitor.integrations.wandb.write_run import ImportSpec, write_run
 
     v = to_verl(spiral(SpiralSpec(**{**SPEC.__dict__, "steps": 2500, "decay_start": 600, "accel_start": 2000,
                                       "collapse_start": 2200})))

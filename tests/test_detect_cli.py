@@ -115,7 +115,7 @@ def test_detect_config_file(store, tmp_path, capsys):
 
 
 def test_one_config_file_reaches_cli_runlogger_and_the_default_detector(tmp_path, monkeypatch, capsys):
-    """--config's file format is what RunLogger(detector_config=...) and $LLD_MONITOR_DETECTOR_CONFIG
+    """--config's file format is what RunLogger(detector=...) and $LLD_MONITOR_DETECTOR_CONFIG
     (read by every detector built without a config: RunLogger, the dashboard, `detect` without --config) take."""
     from lld_monitor.detect import CONFIG_ENV, OnlineDetector, load_detector_config
 
@@ -123,8 +123,8 @@ def test_one_config_file_reaches_cli_runlogger_and_the_default_detector(tmp_path
     cfg_file.write_text(json.dumps({"collapse_frac": 0.05}))
     df = spiral(SpiralSpec(seed=0))
     store = tmp_path / "store"
-    with RunLogger(str(store), "cfg-run", "vanilla", {}, handle_signals=False, detector_config=str(cfg_file)) as log:
-        assert log._detector.cfg.collapse_frac == 0.05
+    with RunLogger(str(store), "cfg-run", "vanilla", {}, handle_signals=False, detector=str(cfg_file)) as log:
+        assert log._detector.detector.cfg.collapse_frac == 0.05
         for rec in df.to_dict("records"):
             log.log_step(int(rec.pop("step")), scalars=rec)
         rid = log.run_id

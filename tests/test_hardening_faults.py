@@ -45,12 +45,12 @@ N_SAMPLES, N_TOKENS = 20, 64
 # ----------------------------------------------------------------------------- SIGKILL of a writer
 def _kill_child(store: str, seed: int, conn) -> None:
     """A training loop in a forked child: logs steps forever, reports each step it has seen flushed."""
-    from lld_monitor.logger import RunLogger
+    from lld_monitor.logger import LoggerOptions, RunLogger
 
     rng = np.random.default_rng(seed)
     # small fanout + short grace: background merges and retirements happen all the time, so kills land in them
     lg = RunLogger(store, f"kill-{seed}", "vanilla", {"seed": seed}, flush_every_steps=3, flush_every_s=0.1,
-                   handle_signals=False, writer_config=WriterConfig(compact_fanout=2, retire_grace_s=0.1))
+                   handle_signals=False, options=LoggerOptions(writer=WriterConfig(compact_fanout=2, retire_grace_s=0.1)))
     conn.send(("run_id", lg.run_id))
     step = 0
     while True:

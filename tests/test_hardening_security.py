@@ -377,7 +377,7 @@ def _all_bytes(folder: Path) -> bytes:
 
 
 def test_wandb_hostile_keys_and_config_import_faithfully(hostile_wandb, tmp_path, monkeypatch, caplog):
-    from lld_monitor.integrations import wandb_import as wi
+    from lld_monitor.integrations.wandb import importer as wi
 
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     store = tmp_path / "store"

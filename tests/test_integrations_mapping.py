@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from lld_monitor.integrations.mapping import detect_family, infer_mode, map_row, mapped_keys
+from lld_monitor.integrations.wandb.run_profile import RunProfile, detect_family
+from lld_monitor.signals import map_row, mapped_keys
 from lld_monitor.store.schema import STEP_SIGNALS
 
 
@@ -30,15 +31,15 @@ from lld_monitor.store.schema import STEP_SIGNALS
     ],
 )
 def test_infer_mode(config, mode):
-    got = infer_mode(config)
-    assert got.mode == mode, got.reason
-    assert got.reason
+    got = RunProfile.read(config, ())
+    assert got.mode == mode, got.mode_reason
+    assert got.mode_reason
 
 
 def test_infer_mode_from_keys_when_config_is_empty():
-    assert infer_mode({}, {"actor/grad_norm", "critic/score/mean"}).mode == "vanilla"
-    assert infer_mode({}, {"train/reward", "train/global_step"}).mode == "vanilla"
-    assert infer_mode({}, {"my/custom"}).mode == "unknown"
+    assert RunProfile.read({}, {"actor/grad_norm", "critic/score/mean"}).mode == "vanilla"
+    assert RunProfile.read({}, {"train/reward", "train/global_step"}).mode == "vanilla"
+    assert RunProfile.read({}, {"my/custom"}).mode == "unknown"
 
 
 def test_map_row_priority_and_types():
@@ -73,7 +74,8 @@ def test_detect_family():
 
 def test_field_names_mapped_and_family():
     """Names real runs log (issue 17): mapped where the meaning matches, kept under their own key otherwise."""
-    from lld_monitor.integrations.mapping import detect_family, map_row
+    from lld_monitor.integrations.wandb.run_profile import detect_family
+    from lld_monitor.signals import map_row
 
     verl = {"perf/time_per_step": 12.5, "tool_call_counts/mean": 1.5, "num_turns/mean": 3.0,
             "actor/pg_clipfrac_lower": 0.01, "actor/entropy_loss": 0.7, "actor/pg_loss": 0.1}

@@ -63,7 +63,7 @@ def test_import_page_offline_and_no_torch(wandb_dir, tmp_path):
 
 
 def test_import_modules_do_not_import_torch():
-    code = ("import sys, lld_monitor.integrations.wandb_import, lld_monitor.integrations.wandb_offline, "
-            "lld_monitor.integrations.mapping, lld_monitor.integrations.wandb_export, lld_monitor.commands.import_wandb; "
+    code = ("import sys, lld_monitor.integrations.wandb.importer, lld_monitor.integrations.wandb.offline_file, "
+            "lld_monitor.integrations.wandb.run_profile, lld_monitor.integrations.wandb.export, lld_monitor.commands.import_wandb; "
             "bad=[m for m in ('torch','transformers','trl') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)

@@ -121,7 +121,7 @@ def _fixed_batch(trainer, tokenizer, seed=1, answer_ids=None):
 @pytest.mark.parametrize("cfg", [lld.LLDSConfig(lam=0.3), lld.LLDSConfig(lam=0.2, gate="response", norm="token_mean"),
                                  lld.LLDSConfig(lam=0.3, answer_weight=0.1)])
 def test_llds_option_adds_exactly_the_llds_term(tokenizer, tmp_path, cfg):
-    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer
 
     torch.set_num_threads(1)
     a_open = tokenizer.convert_tokens_to_ids(["<answer>"])
@@ -155,7 +155,7 @@ def test_llds_option_adds_exactly_the_llds_term(tokenizer, tmp_path, cfg):
 
 
 def test_grpo_trainer_run_logs_into_the_store(tokenizer, tmp_path, caplog):
-    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer
     from lld_monitor.store import open_store_reader
 
     torch.set_num_threads(1)
@@ -223,7 +223,7 @@ def test_grpo_trainer_run_logs_into_the_store(tokenizer, tmp_path, caplog):
 def test_grad_accumulation_and_sparse_logging(tokenizer, tmp_path):
     """2 micro-batches per optimizer step and TRL logging every 2nd step: one steps row per optimizer step
     with all of its samples; TRL's scalars only where TRL logged."""
-    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer
     from lld_monitor.store import open_store_reader
 
     torch.set_num_threads(1)
@@ -250,7 +250,7 @@ def test_grad_accumulation_and_sparse_logging(tokenizer, tmp_path):
 
 def test_unsupported_trl_internals_raise_a_clear_error():
     """If TRL's internals move, construction fails naming the supported range (LLDS can never silently no-op)."""
-    from lld_monitor.integrations.trl import SUPPORTED_TRL, UnsupportedTRLError, check_trl_internals
+    from lld_monitor.integrations.trainers.trl import SUPPORTED_TRL, UnsupportedTRLError, check_trl_internals
 
     check_trl_internals()  # the installed TRL is supported
 
@@ -268,7 +268,7 @@ def test_unsupported_trl_internals_raise_a_clear_error():
 
 
 def test_uncaptured_forward_raises_instead_of_silently_dropping_llds(tokenizer, tmp_path, monkeypatch):
-    from lld_monitor.integrations.trl import LLDGRPOTrainer, UnsupportedTRLError
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer, UnsupportedTRLError
 
     trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
                              train_dataset=dataset(), processing_class=tokenizer, llds=lld.LLDSConfig(lam=0.3))
@@ -285,11 +285,11 @@ def test_uncaptured_forward_raises_instead_of_silently_dropping_llds(tokenizer, 
 @pytest.mark.parametrize(("ga", "spg", "mu", "kept"), [(4, 2, 2, False), (1, 1, 2, True), (2, 2, 1, False),
                                                        (4, 4, 1, False), (3, 2, 1, True)])
 def test_old_logps_warning_uses_trls_rule(tokenizer, tmp_path, caplog, ga, spg, mu, kept):
-    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer
 
     args = grpo_args(tmp_path, gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=mu,
                      per_device_train_batch_size=4, num_generations=4)
-    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.trl"):
+    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.trainers.trl"):
         trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=args,
                                  train_dataset=dataset(), processing_class=tokenizer, llds=lld.LLDSConfig())
     assert trainer.lld_old_logps_kept is kept
@@ -309,7 +309,7 @@ def _with_tools(inputs):
 def test_tool_tokens_excluded_and_adaptive_beta_from_tool_calls(tokenizer, tmp_path):
     """TRL tool calling (`tools=` / rollout_func env_mask -> tool_mask): tool tokens are not in the LLDS term,
     and LLDS-MA's adaptive β uses V = mean tool calls per completion of the generation batch."""
-    from lld_monitor.integrations.trl import LLDGRPOTrainer, tool_call_counts
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer, tool_call_counts
 
     torch.set_num_threads(1)
     a_open = tokenizer.convert_tokens_to_ids(["<answer>"])
@@ -342,7 +342,7 @@ def test_tool_tokens_excluded_and_adaptive_beta_from_tool_calls(tokenizer, tmp_p
 
 def test_adaptive_beta_trainer_run(tokenizer, tmp_path):
     """LLDSConfig(adaptive_beta=...) trains (it used to crash at step 1 with no source of search counts)."""
-    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer
     from lld_monitor.store import open_store_reader
 
     torch.set_num_threads(1)
@@ -372,7 +372,7 @@ def test_adaptive_beta_trainer_run(tokenizer, tmp_path):
     (1, 1, 1, False, False),  # no vLLM: no old log-probs at all (Δ ≡ 0, the other warning)
 ])
 def test_llds_sees_only_noise_rule(tmp_path, ga, spg, mu, vllm, noise_only):
-    from lld_monitor.integrations.trl import llds_sees_only_noise
+    from lld_monitor.integrations.trainers.trl import llds_sees_only_noise
 
     args = grpo_args(tmp_path, gradient_accumulation_steps=ga, steps_per_generation=spg, num_iterations=mu)
     assert llds_sees_only_noise(args, mu, use_vllm=vllm, vllm_is_correction=True) is noise_only
@@ -382,7 +382,7 @@ def test_on_policy_micro_batch_gets_no_llds_gradient(tokenizer, tmp_path, caplog
     """Old log-probs computed by the current parameters (no optimizer step since the generation batch was scored,
     as with vLLM's IS correction and μ = 1): Δ is recomputation noise (1e-7 here) and the LLDS term, whose gradient
     does not shrink with |Δ|, must not act on it. After an optimizer step the same displacement counts again."""
-    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer
 
     torch.set_num_threads(1)
     trainer = LLDGRPOTrainer(model=tiny_model(tokenizer), reward_funcs=reward_len, args=grpo_args(tmp_path),
@@ -399,7 +399,7 @@ def test_on_policy_micro_batch_gets_no_llds_gradient(tokenizer, tmp_path, caplog
         fn(trainer, trainer.model, inputs).backward()
         return [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
 
-    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.trl"):
+    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.trainers.trl"):
         g_llds = grads(LLDGRPOTrainer._compute_loss)
     g_plain = grads(GRPOTrainer._compute_loss)
     assert all(torch.equal(a, b) for a, b in zip(g_llds, g_plain, strict=True))

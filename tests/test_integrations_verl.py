@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lld_monitor.integrations.verl import lld_metrics  # noqa: E402
+from lld_monitor.integrations.trainers.verl_metrics import lld_metrics  # noqa: E402
 from lld_monitor.lld import LLDSConfig  # noqa: E402
 
 N_PROMPTS, N_AGENT, R = 4, 5, 96  # 20 trajectories, max_response_length 96

@@ -24,7 +24,7 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from lld_monitor import lld  # noqa: E402
-from lld_monitor.integrations import verl_llds  # noqa: E402
+from lld_monitor.integrations.trainers import verl_loss  # noqa: E402
 
 P, R = 3, 6  # prompt and response length
 
@@ -68,7 +68,7 @@ def model_output(micro: TensorDict, new: torch.Tensor) -> dict:
 def actor_config(**llds) -> ActorConfig:
     return ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
                        use_dynamic_bsz=False,
-                       policy_loss=verl_llds.LLDSPolicyLossConfig(loss_mode="llds", **llds))
+                       policy_loss=verl_loss.LLDSPolicyLossConfig(loss_mode="llds", **llds))
 
 
 def run_mini_batch(data: TensorDict, new: torch.Tensor, config: ActorConfig, dp: int, micro: int):
@@ -110,13 +110,13 @@ def test_metric_aggregation_over_two_ranks_with_a_micro_batch_without_preserved_
     `Metric.aggregate_dp` raised 'All Metric instances must have the same number of values ... [2, 1]'."""
     data, new = mini_batch(ADV)
     _, agg = run_mini_batch(data, new, actor_config(), dp=2, micro=2)
-    for key in verl_llds.METRIC_KEYS:
+    for key in verl_loss.METRIC_KEYS:
         assert key in agg and agg[key] == agg[key], key  # present and not NaN
     assert agg["lld/frac_preserved"] == pytest.approx(4 / 8)
     assert agg["lld/llds_loss"] > 0 and agg["lld/llds_noise_gated"] == 0
 
 
-@pytest.mark.parametrize("norm", verl_llds.VERL_NORMS)
+@pytest.mark.parametrize("norm", verl_loss.VERL_NORMS)
 @pytest.mark.parametrize(("dp", "micro"), [(1, 1), (1, 2), (2, 1), (2, 2), (2, 4)])
 def test_micro_batch_terms_add_up_to_the_mini_batch_llds(norm, dp, micro):
     """Σ over ranks (FSDP averages: ÷ dp) and micro-batches of the llds loss minus verl's vanilla loss equals
@@ -151,8 +151,8 @@ def test_noise_floor_gates_llds_on_an_on_policy_micro_batch(caplog):
     data, new = mini_batch([1.0, 0.5, 0.0, 1.0], seed=5, noise=1e-7)
     new = new.requires_grad_(True)
     cfg = actor_config(llds_lambda=0.5)
-    verl_llds._warned_noise = False
-    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.verl_llds"):
+    verl_loss._warned_noise = False
+    with caplog.at_level(logging.WARNING, logger="lld_monitor.integrations.trainers.verl_loss"):
         losses, agg = run_mini_batch(data, new, cfg, dp=1, micro=4)
     assert agg["lld/llds_noise_gated"] == 1.0 and agg["lld/llds_loss"] == 0.0
     assert 0 < agg["lld/delta_abs_max"] <= lld.NOISE_FLOOR
@@ -176,7 +176,7 @@ def test_loss_module_imports_no_store_on_workers():
     import sys
 
     code = ("import sys, verl.trainer.ppo.core_algos, verl.workers.config; before = set(sys.modules); "
-            "import lld_monitor.integrations.verl_llds; new = set(sys.modules) - before; "
+            "import lld_monitor.integrations.trainers.verl_loss; new = set(sys.modules) - before; "
             "bad = sorted(m for m in new if m.split('.')[0] in ('duckdb', 'pyarrow', 'pandas', 'streamlit') "
             "or m.startswith('lld_monitor.store')); print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

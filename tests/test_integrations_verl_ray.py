@@ -1,6 +1,6 @@
 """The verl driver hook through Ray (issue 29, item 1): the user's launch command, a local Ray instance with 2 CPUs.
 
-`python -m lld_monitor.integrations.verl_hook <verl overrides>` runs verl's own `run_ppo`: Ray ships the task-runner
+`python -m lld_monitor.integrations.trainers.verl_hook <verl overrides>` runs verl's own `run_ppo`: Ray ships the task-runner
 actor class to a worker process, verl's `TaskRunner.run` validates the config, loads the tokenizer and datasets and
 builds the trainer there. The trainer built inside the actor must be ours and write rows. Only what needs GPUs and
 a rollout engine is replaced, in the Ray workers, by tests/_verl_ray_stubs.py (`init_workers`, the generation loop
@@ -51,7 +51,7 @@ def _tiny_model_and_data(root: Path) -> None:
 
 @pytest.mark.slow
 def test_trainer_built_inside_the_ray_actor_is_ours_and_writes_rows(tmp_path):
-    from lld_monitor.integrations.verl_hook import SHARE_KEY, TIMING_KEY
+    from lld_monitor.integrations.trainers.verl_hook import SHARE_KEY, TIMING_KEY
     from lld_monitor.store import open_store_reader
 
     _tiny_model_and_data(tmp_path)
@@ -60,7 +60,7 @@ def test_trainer_built_inside_the_ray_actor_is_ours_and_writes_rows(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "LLD_VERL_RAY_OUT": str(out), "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [
-        sys.executable, "-m", "lld_monitor.integrations.verl_hook",
+        sys.executable, "-m", "lld_monitor.integrations.trainers.verl_hook",
         f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"data.train_files={tmp_path / 'train.parquet'}",
         f"data.val_files={tmp_path / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=16",
         "data.max_response_length=8", "data.dataloader_num_workers=0", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -100,7 +100,7 @@ def test_a_verl_whose_task_runner_moved_is_refused():
     """If verl's TaskRunner.run no longer builds `RayPPOTrainer` by that name the hook says so, never trains plain verl."""
     from verl.trainer import main_ppo_v0
 
-    from lld_monitor.integrations.verl_hook import LLDRayPPOTrainer, UnsupportedVerlError, install_trainer
+    from lld_monitor.integrations.trainers.verl_hook import LLDRayPPOTrainer, UnsupportedVerlError, install_trainer
 
     def run(self, config):  # builds its trainer under another name
         return config

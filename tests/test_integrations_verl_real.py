@@ -15,8 +15,8 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
 from verl.workers.config import ActorConfig  # noqa: E402
 
 from lld_monitor import lld  # noqa: E402
-from lld_monitor.integrations import verl_llds  # noqa: E402,F401  (registers "llds")
-from lld_monitor.integrations.verl import lld_metrics  # noqa: E402
+from lld_monitor.integrations.trainers import verl_loss  # noqa: E402,F401  (registers "llds")
+from lld_monitor.integrations.trainers.verl_metrics import lld_metrics  # noqa: E402
 
 B, P, R = 8, 6, 12  # 2 prompts x 4 rollouts, prompt length 6, response length 12
 
@@ -58,7 +58,7 @@ def actor_config(**policy_loss) -> ActorConfig:
     cfg = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1)
     if policy_loss:
         cfg = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
-                          policy_loss=verl_llds.LLDSPolicyLossConfig(loss_mode="llds", **policy_loss))
+                          policy_loss=verl_loss.LLDSPolicyLossConfig(loss_mode="llds", **policy_loss))
     return cfg
 
 
@@ -85,7 +85,7 @@ def test_registered_loss_is_vanilla_plus_our_llds(kw):
     # verl's own metrics plus ours, per micro-batch (verl averages them over micro-batches)
     assert "actor/pg_clipfrac" in metrics
     assert metrics["lld/llds_loss"] == pytest.approx(cfg.lam * float(term), rel=1e-6)
-    assert set(verl_llds.METRIC_KEYS) <= set(metrics) and metrics["lld/llds_noise_gated"] == 0.0
+    assert set(verl_loss.METRIC_KEYS) <= set(metrics) and metrics["lld/llds_noise_gated"] == 0.0
 
 
 def test_lld_metrics_takes_what_verl_has():
@@ -104,7 +104,7 @@ def test_lld_metrics_takes_what_verl_has():
 def test_driver_hook_writes_tokens_with_tool_role(tmp_path, monkeypatch):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    from lld_monitor.integrations.verl_hook import LLDRayPPOTrainer
+    from lld_monitor.integrations.trainers.verl_hook import LLDRayPPOTrainer
     from lld_monitor.logger import RunLogger
     from lld_monitor.store import open_store_reader
 
@@ -130,7 +130,7 @@ def test_driver_hook_writes_tokens_with_tool_role(tmp_path, monkeypatch):
     out = trainer._update_actor(data)
     assert calls == ["update", "compute_log_prob"] and "metrics" in out.meta_info
     # the extra pass has its own timing key among the actor metrics verl logs (it runs inside update_actor's timer)
-    from lld_monitor.integrations.verl_hook import SHARE_KEY, TIMING_KEY
+    from lld_monitor.integrations.trainers.verl_hook import SHARE_KEY, TIMING_KEY
 
     assert out.meta_info["metrics"][TIMING_KEY] >= 0 and SHARE_KEY in out.meta_info["metrics"]
     trainer.lld_logger.close()
@@ -154,7 +154,7 @@ def test_driver_hook_writes_tokens_with_tool_role(tmp_path, monkeypatch):
 
 def test_on_policy_share_from_the_config():
     """1 / (ppo_epochs x mini-batches per step): the share of actor updates whose Δ is recomputation noise."""
-    from lld_monitor.integrations.verl_hook import on_policy_share
+    from lld_monitor.integrations.trainers.verl_hook import on_policy_share
 
     def cfg(train, mini, epochs):
         return {"data": {"train_batch_size": train},

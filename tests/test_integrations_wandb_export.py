@@ -1,4 +1,4 @@
-"""W&B export: RunLogger(..., wandb=run) sends step signals and alerts to a real (offline) wandb run; the
+"""W&B export: RunLogger(..., sinks=[WandbExporter(run)]) sends step signals and alerts to a real (offline) wandb run; the
 .wandb file read back holds exactly what the store holds, and importing it gives the same step signals."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ def write(root: str, store: str) -> None:
     """Subprocess: a training loop that logs to the store and, through RunLogger, to W&B (offline)."""
     import wandb
 
-    from lld_monitor.integrations.wandb_export import WandbExporter
+    from lld_monitor.integrations.wandb.export import WandbExporter
     from lld_monitor.logger import RunLogger
 
     run = wandb.init(project="exp", name="exported", id="exported1", config={"mode": "llds", "lam": 0.2})
     rng = np.random.default_rng(0)
-    with RunLogger(store, "exported", "llds", {"lam": 0.2}, run_id="local-exported", wandb=run,
+    with RunLogger(store, "exported", "llds", {"lam": 0.2}, run_id="local-exported", sinks=[WandbExporter(run)],
                    flush_every_steps=1) as log:
         for step in range(N_STEPS):
             n = 8
@@ -53,7 +53,7 @@ def exported(tmp_path_factory):
 
 
 def test_exported_values_equal_the_store(exported):
-    from lld_monitor.integrations.wandb_offline import read_offline_runs
+    from lld_monitor.integrations.wandb.offline_file import read_offline_runs
     from lld_monitor.store import open_store_reader
 
     wdir, store = exported
@@ -78,7 +78,7 @@ def test_exported_values_equal_the_store(exported):
 
 
 def test_import_of_exported_run_gives_back_the_signals(exported, tmp_path):
-    from lld_monitor.integrations.wandb_import import import_offline
+    from lld_monitor.integrations.wandb.importer import import_offline
     from lld_monitor.store import open_store_reader
 
     wdir, store = exported
@@ -98,7 +98,7 @@ def test_import_of_exported_run_gives_back_the_signals(exported, tmp_path):
 
 
 def test_exporter_requires_a_run():
-    from lld_monitor.integrations.wandb_export import WandbExporter
+    from lld_monitor.integrations.wandb.export import WandbExporter
 
     with pytest.raises(ValueError, match="active wandb run"):
         WandbExporter(None)

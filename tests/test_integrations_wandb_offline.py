@@ -217,7 +217,7 @@ def _assert_roundtrip(got: dict[int, dict[str, float]], want: dict[int, dict[str
 
 @pytest.fixture(scope="module")
 def imported(wandb_dir, tmp_path_factory):
-    from lld_monitor.integrations.wandb_import import import_offline
+    from lld_monitor.integrations.wandb.importer import import_offline
     from lld_monitor.store import open_store_reader
 
     store = tmp_path_factory.mktemp("store") / "s"
@@ -330,7 +330,7 @@ def test_mode_inferred_from_config(imported):
 
 
 def test_reimport_updates_without_duplicates_and_mode_override(imported, wandb_dir):
-    from lld_monitor.integrations.wandb_import import import_offline
+    from lld_monitor.integrations.wandb.importer import import_offline
     from lld_monitor.store import open_store_reader
 
     store, results, _ = imported
@@ -368,7 +368,7 @@ def _one_file(wandb_dir: Path, run: str) -> Path:
 
 
 def test_partial_tail_and_truncation(wandb_dir, tmp_path):
-    from lld_monitor.integrations.wandb_offline import read_wandb_file
+    from lld_monitor.integrations.wandb.offline_file import read_wandb_file
 
     src = _one_file(wandb_dir, "id-verl-llds")
     full = read_wandb_file(src)
@@ -389,7 +389,7 @@ def test_partial_tail_and_truncation(wandb_dir, tmp_path):
 
 
 def test_crc_error_skips_block_and_keeps_the_rest(wandb_dir, tmp_path):
-    from lld_monitor.integrations.wandb_offline import read_wandb_file
+    from lld_monitor.integrations.wandb.offline_file import read_wandb_file
 
     src = _one_file(wandb_dir, "id-verl-llds")
     full = read_wandb_file(src)
@@ -410,8 +410,8 @@ def test_crc_error_skips_block_and_keeps_the_rest(wandb_dir, tmp_path):
 
 
 def test_foreign_file_is_rejected_and_folder_import_continues(wandb_dir, tmp_path):
-    from lld_monitor.integrations.wandb_import import ImportError_, import_offline
-    from lld_monitor.integrations.wandb_offline import NotAWandbFileError, read_wandb_file
+    from lld_monitor.integrations.wandb.importer import ImportError_, import_offline
+    from lld_monitor.integrations.wandb.offline_file import NotAWandbFileError, read_wandb_file
 
     junk = tmp_path / "run-junk.wandb"
     junk.write_bytes(b"PK\x03\x04 definitely a zip file")
@@ -430,7 +430,7 @@ def test_foreign_file_is_rejected_and_folder_import_continues(wandb_dir, tmp_pat
 
 
 def test_run_still_being_written_imports_its_prefix(wandb_dir, tmp_path):
-    from lld_monitor.integrations.wandb_import import import_offline
+    from lld_monitor.integrations.wandb.importer import import_offline
     from lld_monitor.store import open_store_reader
 
     src = _one_file(wandb_dir, "id-verl-llds")
@@ -466,7 +466,7 @@ def test_reading_while_the_sdk_writes(tmp_path):
     """Read the .wandb file of a run the real SDK is writing right now: every read is a clean prefix."""
     import time
 
-    from lld_monitor.integrations.wandb_offline import find_run_files, read_wandb_file
+    from lld_monitor.integrations.wandb.offline_file import find_run_files, read_wandb_file
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true", WANDB_CONSOLE="off",

@@ -13,7 +13,7 @@ import pytest
 import requests
 from wandb.errors import CommError
 
-from lld_monitor.integrations.wandb_import import RetryPolicy, import_online, is_rate_limit
+from lld_monitor.integrations.wandb.importer import RetryPolicy, import_online, is_rate_limit
 
 SECRET = "wandb-secret-key-0123456789abcdef0123"
 
@@ -224,7 +224,7 @@ def test_paging_rate_limit_deleted_run(tmp_path, caplog):
 
 
 def test_api_key_never_stored_or_logged(tmp_path, caplog, monkeypatch):
-    import lld_monitor.integrations.wandb_import as wi
+    import lld_monitor.integrations.wandb.importer as wi
 
     made = {}
 
@@ -246,7 +246,7 @@ def test_api_key_never_stored_or_logged(tmp_path, caplog, monkeypatch):
 def test_make_api_error_does_not_echo_the_key(monkeypatch):
     import wandb
 
-    import lld_monitor.integrations.wandb_import as wi
+    import lld_monitor.integrations.wandb.importer as wi
 
     def boom(*a, **kw):
         raise wandb.errors.AuthenticationError(f"bad key {kw.get('api_key')}")

@@ -356,17 +356,6 @@ def test_verl_style_advantages_zero_off_mask():
     )
 
 
-def test_token_roles_by_hand():
-    from lld_monitor.lld import token_roles
-
-    _, _, mask = _fixture()
-    roles = token_roles(mask, answer_span_mask(IDS, mask, OPEN, CLOSE))
-    # 0 action, 1 tool (and padding), 2 answer
-    assert roles[0].tolist() == [0, 0, 1, 1, 0, 0, 1, 2, 2, 2, 2, 1]
-    assert roles[2].tolist() == [1] * T
-    assert roles[3].tolist() == [0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1, 1]
-
-
 def test_nan_advantages_rejected():
     new, old, mask = _fixture()
     with pytest.raises(ValueError, match="NaN"):

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from lld_monitor.logger import RunLogger
+from lld_monitor.logger import LoggerOptions, RunLogger
 from lld_monitor.store import open_store_reader
 
 
@@ -104,7 +104,8 @@ def test_normal_exit_without_close_marks_finished(tmp_path):
 def test_inputs_are_copied_on_the_caller_thread(tmp_path):
     reward = np.ones(8)
     logp = np.full((8, 6), -1.0)
-    with RunLogger(tmp_path, "copy", "vanilla", handle_signals=False, detector=False, queue_size=1) as lg:
+    with RunLogger(tmp_path, "copy", "vanilla", handle_signals=False, detector=False,
+                   options=LoggerOptions(queue_size=1)) as lg:
         for s in range(20):
             lg.log_step(s, samples={**_samples(), "reward": reward}, tokens={"token_id": np.zeros((8, 6), int),
                                                                              "logp_old": logp, "logp_new": logp})
@@ -225,14 +226,16 @@ class _RecordingRun:
 
 
 def test_wandb_forwarding_sends_signals_and_alerts(tmp_path):
-    pytest.importorskip("lld_monitor.integrations.wandb_export")
+    pytest.importorskip("lld_monitor.integrations.wandb.export")
     pytest.importorskip("lld_monitor.detect")
     from lld_monitor.detect.synthetic import spiral
 
     sig = spiral()
     cols = [c for c in sig.columns if c != "step"]
+    from lld_monitor.integrations.wandb.export import WandbExporter
+
     run = _RecordingRun()
-    with RunLogger(tmp_path, "wb", "vanilla", handle_signals=False, wandb=run) as lg:
+    with RunLogger(tmp_path, "wb", "vanilla", handle_signals=False, sinks=[WandbExporter(run)]) as lg:
         for _, row in sig.iterrows():
             lg.log_step(int(row["step"]), scalars={c: float(row[c]) for c in cols if np.isfinite(row[c])})
     steps = [d for d in run.logged if "lld/step" in d]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lld_monitor import signals as mapping
 from lld_monitor import signals as registry
 from lld_monitor.detect.signals import SIGNAL_CANDIDATES
-from lld_monitor.integrations import mapping
 from lld_monitor.store import schema
 from lld_monitor.ui import signals as ui
 

@@ -198,7 +198,7 @@ def test_probe_displacement_measures_the_step_training_takes():
     res = mod.probe(config, pre=2, probes=2, heldout=40, progress=False)
     assert res["heldout_correct"] > 0 and [r["step"] for r in res["steps"]] == [2, 3]
     tr = Trainer(load_config(config, mode="vanilla", seed=1), str(ROOT), "direct", progress=False)
-    smp = [tr.step(s)["samples"] for s in range(3)][2]
+    smp = [tr.step(s).samples for s in range(3)][2]
     want = mod.arm_figures(smp["logp_new_sum"] - smp["logp_old_sum"], smp["advantage"], smp["reward"])
     got = res["steps"][0]["vanilla"]
     for k, v in want.items():

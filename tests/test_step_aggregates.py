@@ -15,8 +15,8 @@ import torch
 from lld_monitor import lld
 from lld_monitor.aggregates import sample_sums_from_tokens, step_aggregates
 from lld_monitor.logger import RunLogger
+from lld_monitor.roles import ROLE_ACTION, ROLE_TOOL
 from lld_monitor.store import open_store_reader
-from lld_monitor.store.schema import ROLE_ACTION, ROLE_TOOL
 
 A, T = ROLE_ACTION, ROLE_TOOL
 # 6 responses x 4 positions. r0: two actions around a tool token, both displaced (Δ -0.5 each);
@@ -74,23 +74,28 @@ def via_run_logger(tmp_path) -> dict[str, float]:
 
 
 def via_trainer(tmp_path) -> dict[str, float]:
-    """The built-in trainer's per-step payload (Trainer._log_payload), logged as `train()` logs it."""
-    from lld_monitor.backend.grpo import Trainer
+    """The built-in trainer's per-step payload (Trainer._payload), logged as `train()` logs it."""
+    import types
+
+    from lld_monitor.backend.grpo import Scores, StepBatch, Trainer, UpdateStats
 
     mask, role, act, old, new, reward, adv = _batch()
     n = len(REWARD)
-    ro = SimpleNamespace(n_actions=[1] * n, finished=[True] * n, n_valid_actions=[1] * n, response_mask=mask,
+    ep = SimpleNamespace(n_actions=[1] * n, finished=[True] * n, n_valid_actions=[1] * n, response_mask=mask,
                          n_searches=[0] * n, response_texts=["x"] * n, response_ids=torch.zeros(n, 4, dtype=torch.long))
     rows = [(i, SimpleNamespace(qid=f"q{i}", question="q", answers=["a"])) for i in range(n)]
-    upd = {k: [0.0] for k in ("grad_norm", "clip_frac", "kl", "pg_loss", "ppo_kl", "llds_loss", "entropy",
-                              "reduce_chunk")}
-    upd["beta"] = []
-    fake = SimpleNamespace(cfg=SimpleNamespace(log=SimpleNamespace(token_every=0, token_groups=None)))
-    payload = Trainer._log_payload(fake, 0, ro, rows, reward, adv, ["g"] * n, act, torch.zeros_like(act), role,
-                                   old, new, None, torch.zeros(n, 4), upd, 0.0,
-                                   dict(step=0.0, gen=0.0, ref=0.0, update_actor=0.0), 1e-3)
-    agg = step_aggregates(payload["samples"])  # what the trainer's progress bar and detector read
-    logged = _logged(tmp_path, "trainer", scalars=payload["scalars"], samples=payload["samples"])
+    batch = StepBatch(rows, ["g"] * n, ep, torch.zeros(n, 4, dtype=torch.long), mask.long(), 0, act,
+                      torch.zeros_like(act))
+    updates = UpdateStats(**{k: [0.0] for k in ("grad_norm", "clip_frac", "kl", "pg_loss", "ppo_kl", "llds_loss",
+                                                  "entropy", "loss", "reduce_chunk")})
+    fake = SimpleNamespace(cfg=SimpleNamespace(log=SimpleNamespace(token_every=0, token_groups=None)),
+                           opt=SimpleNamespace(param_groups=[{"lr": 1e-3}]),
+                           _verl_named_scalars=Trainer._verl_named_scalars)
+    fake._scalars = types.MethodType(Trainer._scalars, fake)
+    payload = Trainer._payload(fake, 0, batch, reward, adv, Scores(old, torch.zeros(n, 4), None), new, updates, 0.0,
+                               dict(step=0.0, gen=0.0, ref=0.0, update_actor=0.0))
+    agg = step_aggregates(payload.samples)  # what the rank-0 logger computes
+    logged = _logged(tmp_path, "trainer", scalars=payload.scalars, samples=payload.samples)
     assert {k: agg[k] for k in KEYS} == logged
     return logged
 
@@ -98,7 +103,7 @@ def via_trainer(tmp_path) -> dict[str, float]:
 def via_trl_hook(tmp_path) -> dict[str, float]:
     """LLDGRPOTrainer's own per-micro-batch record and end-of-step methods on the batch, then RunLogger."""
     pytest.importorskip("trl")
-    from lld_monitor.integrations.trl import LLDGRPOTrainer
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer
 
     mask, role, act, old, new, reward, adv = _batch()
     n = len(REWARD)
@@ -123,7 +128,7 @@ def via_trl_hook(tmp_path) -> dict[str, float]:
     hook = Hook()
     inputs = {"completion_ids": torch.zeros(n, 4, dtype=torch.long), "lld_reward": reward,
               "lld_group": torch.zeros(n, dtype=torch.long)}
-    args = dict(inputs=inputs, logps=new, old=old, adv=adv, mask=mask.long(), tool=(role != ROLE_TOOL).long(),
+    args = dict(inputs=inputs, logps=new, old=old, adv=adv, mask=mask.long(), action=act,
                 answer=None, llds_val=None, calls=torch.zeros(n, dtype=torch.long))
     params = inspect.signature(LLDGRPOTrainer._lld_record).parameters
     hook._lld_record(**{k: v for k, v in args.items() if k in params})
@@ -133,7 +138,7 @@ def via_trl_hook(tmp_path) -> dict[str, float]:
 
 
 def via_verl(tmp_path) -> dict[str, float]:
-    from lld_monitor.integrations.verl import lld_metrics
+    from lld_monitor.integrations.trainers.verl_metrics import lld_metrics
 
     mask, role, act, old, new, reward, adv = _batch()
     got = lld_metrics({"old_log_probs": old, "log_prob": new, "advantages": adv, "response_mask": act,

@@ -19,8 +19,9 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
+
+from lld_monitor.files import atomic_write, user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ def cpu_supports_kernel() -> bool:
 
 def library_path() -> Path:
     """Where this machine's build of the kernels lives (keyed by the sources and the flags)."""
-    from .sft import user_cache_dir
-
     digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(CFLAGS).encode()).hexdigest()[:16]
     return user_cache_dir() / "kernels" / f"lld-kernels-{digest}.so"
 
@@ -61,19 +60,15 @@ def build(force: bool = False) -> Path:
     if cc is None:
         raise KernelUnavailable("no C compiler found (cc/gcc) to build the pinned-numerics kernels; install gcc, "
                                 "or train with numerics 'native' (not reproducible across CPUs)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".lld-kernels-", suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
+
+    def compile_to(tmp: str) -> None:
         res = subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True)
         if res.returncode != 0:
             raise KernelUnavailable(f"building {', '.join(s.name for s in SOURCES)} with {cc} failed:\n"
                                     f"{res.stderr[-2000:]}")
-        os.replace(tmp, out)
-        log.info("built the pinned-numerics kernels: %s", out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    atomic_write(out, compile_to, suffix=".so")
+    log.info("built the pinned-numerics kernels: %s", out)
     return out
 
 

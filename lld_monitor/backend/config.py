@@ -1,5 +1,8 @@
 """Training configuration: nested dataclasses with CPU-sized defaults, loadable from JSON or TOML.
 
+Every section of the trainer's config is defined here (the world's in `world.py`), so importing this module
+loads neither torch nor the store's libraries (duckdb, pyarrow, pandas).
+
 A config file holds any subset of the sections below, e.g.::
 
     {"grpo": {"lr": 0.002, "num_minibatches": 8}, "llds": {"lam": 0.2}, "seed": 3}
@@ -14,15 +17,58 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .env import EnvConfig
-from .model import ModelConfig
 from .numerics import NUMERICS
-from .sft import SFTConfig
 from .world import WorldConfig
 
 MODES = ("vanilla", "llds", "llds-ma")
 # lld.LOSS_AGGS, repeated so that checking a config does not import torch (a test pins the two equal)
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_positions: int = 512
+    # kept for the warm-start cache key (the shipped checkpoints' keys include it); TinyLM has one attention
+    attn_implementation: str = "eager"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    n_demos: int = 4000
+    shortcut_frac: float = 0.35  # two-hop demos that answer after the first search (wrong)
+    guess_frac: float = 0.05  # demos that answer without searching (usually wrong)
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    max_turns: int = 3  # searches allowed; one more action follows in which search is not executed
+    max_action_tokens: int = 12  # per action; an action that reaches it without a close tag is invalid
+    max_response_tokens: int = 200  # actions + observations
+    topk: int = 2
+    max_obs_words: int = 40
+    temperature: float = 1.0
+    top_p: float = 1.0
+    prompt_template: str = "question : {question}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)

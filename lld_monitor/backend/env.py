@@ -21,8 +21,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from lld_monitor.store.schema import ROLE_ACTION, ROLE_TOOL
+from lld_monitor.roles import ROLE_ACTION, ROLE_TOOL
 
+from .config import EnvConfig
 from .model import decoder
 from .retriever import Retriever, format_observation
 
@@ -48,23 +49,6 @@ def parse_action(text: str) -> ParsedAction:
     if kind == "search" and not content:
         return ParsedAction("invalid")
     return ParsedAction(kind, content)
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    max_turns: int = 3  # searches allowed; one more action follows in which search is not executed
-    max_action_tokens: int = 12  # per action; an action that reaches it without a close tag is invalid
-    max_response_tokens: int = 200  # actions + observations
-    topk: int = 2
-    max_obs_words: int = 40
-    temperature: float = 1.0
-    top_p: float = 1.0
-    prompt_template: str = "question : {question}"
-
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        return asdict(self)
 
 
 def format_prompt(question: str, cfg: EnvConfig) -> str:

@@ -1,30 +1,56 @@
 """GRPO for the Search-R1 environment, with vanilla / LLDS / LLDS-MA, logging through RunLogger.
 
-One step (as verl's ray_trainer + dp_actor, scaled down):
-1. sample `prompts_per_step` questions (this rank's share), roll out G episodes each (no grad);
-2. exact-match rewards, group advantages (`lld.grpo_advantages`);
-3. one forward of the rollout policy (π_old = the parameters at the start of the step) and of the
-   frozen reference; tool tokens are masked from everything below;
-4. `ppo_epochs × num_minibatches` optimizer updates on contiguous mini-batches (PPO-clip, optional
+One step (`Trainer.step`, as verl's ray_trainer + dp_actor, scaled down):
+1. rollout: sample `prompts_per_step` questions (this rank's share), roll out G episodes each (no grad);
+2. rewards and advantages: exact-match rewards, group advantages (`lld.grpo_advantages`);
+3. score before: one forward of the rollout policy (π_old = the parameters at the start of the step) and of
+   the frozen reference; tool tokens are masked from everything below;
+4. updates: `ppo_epochs × num_minibatches` optimizer updates on contiguous mini-batches (PPO-clip, optional
    k3 KL and entropy bonus, + λ·L_LLDS in llds modes), each with the pre-clip grad norm recorded;
-5. one more forward after the last update (π_after) on the same tokens: Δ = ln π_after − ln π_old;
-6. log the step, every sample and (sampled) every token.
+5. score after: one more forward after the last update (π_after) on the same tokens: Δ = ln π_after − ln π_old;
+6. log: the step's scalars, every sample and (sampled) every token, as `payload.step_payload` builds them for
+   every trainer.
 
-Under `torchrun` (env RANK/WORLD_SIZE) the model is wrapped in DDP (gloo on CPU, nccl on GPU);
-each rank rolls out its share of prompts and logs its own samples; rank 0 logs the step row from
-all ranks' samples.
+Under `torchrun` (env RANK/WORLD_SIZE) the model is wrapped in DDP (gloo on CPU, nccl on GPU); each rank rolls
+out its share of prompts and logs its own samples; rank 0 logs the step row from all ranks' samples.
+
+This module imports torch: in a process that trains with pinned numerics, `numerics.require` (or
+`numerics.pin_environment`) must run before it is imported (`lld-monitor train` does).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from lld_monitor import lld
+from lld_monitor.logger import RunLogger
+from lld_monitor.payload import StepPayload, step_payload
+from lld_monitor.roles import ROLE_ACTION
+from lld_monitor.store.layout import new_run_id
+from lld_monitor.store.schema import normalize_mode
+
+from . import numerics
+from .adamw import AdamW, lr_at
 from .config import TrainConfig
+from .env import Rollout, format_prompt, rollout
+from .model import forward_logprobs, load_model
+from .retriever import BM25Retriever, HTTPRetriever, load_jsonl_corpus
+from .reward import em_reward
+from .sft import warmstart
+from .world import Question, build_world
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +70,12 @@ def init_distributed(device_type: str) -> DistInfo:
     ws = int(os.environ.get("WORLD_SIZE", "1"))
     if ws <= 1:
         return DistInfo()
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    if not torch_dist.is_initialized():
+        torch_dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    return DistInfo(torch_dist.get_rank(), torch_dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def _pick_device(pref: str, dist: DistInfo):
-    import torch
-
+def _pick_device(pref: str, dist: DistInfo) -> torch.device:
     if pref == "auto":
         pref = "cuda" if torch.cuda.is_available() else "cpu"
     if pref == "cuda":
@@ -98,21 +120,56 @@ def cpu_threads(cfg: TrainConfig) -> int:
     return 1 if cfg.deterministic else cfg.threads
 
 
+@dataclass
+class StepBatch:
+    """A step's rollouts and their masks, response-side [N, T] (input_ids and attention_mask are [N, P+T])."""
+
+    rows: list[tuple[int, Question]]  # (prompt index, question) per rollout, G in a row per prompt
+    group_ids: list[str]
+    episodes: Rollout
+    input_ids: Tensor
+    attention_mask: Tensor
+    prompt_width: int
+    model_mask: Tensor  # the tokens the policy generated (actions; the answer span included)
+    answer_mask: Tensor  # the final answer span
+
+
+@dataclass
+class Scores:
+    """ln π of the response tokens under the rollout policy (and its entropy) and the frozen reference."""
+
+    logp_old: Tensor
+    entropy_old: Tensor
+    logp_ref: Tensor | None
+
+
+@dataclass
+class UpdateStats:
+    """What each optimizer update of a step measured, in update order."""
+
+    grad_norm: list[float] = field(default_factory=list)
+    clip_frac: list[float] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)
+    pg_loss: list[float] = field(default_factory=list)
+    ppo_kl: list[float] = field(default_factory=list)
+    llds_loss: list[float] = field(default_factory=list)  # λ·L_LLDS of the update
+    entropy: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    reduce_chunk: list[float] = field(default_factory=list)  # displaced actions per preserved response
+    beta: list[float] = field(default_factory=list)  # LLDS-MA's answer weight
+
+
+def _mean(xs: list[float]) -> float:
+    """The mean of the finite-or-inf values (NaN left out); NaN when none is left."""
+    xs = [x for x in xs if not (isinstance(x, float) and math.isnan(x))]
+    return float(sum(xs) / len(xs)) if xs else float("nan")
+
+
 class Trainer:
     """Builds everything from a TrainConfig; `train()` runs the steps and returns the run id."""
 
     def __init__(self, cfg: TrainConfig, store: str, run_name: str, progress: bool = True, run_id: str | None = None):
-        from . import numerics
-
-        numerics.require(cfg.numerics)  # before torch loads: the pinned kernels are chosen then
-        import torch
-
-        from .adamw import AdamW
-        from .model import load_model
-        from .retriever import BM25Retriever, HTTPRetriever, load_jsonl_corpus
-        from .sft import warmstart
-        from .world import build_world
-
+        numerics.require(cfg.numerics)  # raises if torch loaded without the pinned kernels' environment
         self.store = store
         self.run_name = run_name
         self.progress = progress
@@ -133,11 +190,9 @@ class Trainer:
                 return warmstart(cfg.world, cfg.model, cfg.sft, cfg.env, self.world, numerics=cfg.numerics)
 
             if self.dist.enabled:  # rank 0 trains/caches the warm start first; the others then load it
-                import torch.distributed as tdist
-
                 if self.dist.rank == 0:
                     self.model, self.tok, ckpt = load()
-                tdist.barrier()
+                torch_dist.barrier()
                 if self.dist.rank != 0:
                     self.model, self.tok, ckpt = load()
             else:
@@ -152,8 +207,6 @@ class Trainer:
         self.model.to(self.device)
         self.ref = None
         if cfg.grpo.log_ref or cfg.grpo.kl_coef > 0:
-            import copy
-
             self.ref = copy.deepcopy(self.model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
@@ -161,9 +214,7 @@ class Trainer:
         params = self._param_groups(g)
         self.ddp = self.model
         if self.dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         # verl's schedule, set at each step (adamw.lr_at): linear warm-up over `warmup_steps` GRPO steps, then
         # constant (Search-R1's official GRPO run warms up over 286 of its 1005 steps)
         self.opt = AdamW(params, lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)
@@ -176,9 +227,7 @@ class Trainer:
         if n_local % g.num_minibatches:
             raise ValueError(f"per-rank rollouts ({n_local}) must be divisible by grpo.num_minibatches ({g.num_minibatches})")
 
-    def _llds_config(self):
-        from lld_monitor import lld
-
+    def _llds_config(self) -> lld.LLDSConfig | None:
         s = self.cfg.llds
         if self.cfg.mode == "vanilla":
             return None
@@ -189,7 +238,22 @@ class Trainer:
         return lld.LLDSConfig(lam=s.lam, gate=s.gate, norm=s.norm, adaptive_beta=s.ma_adaptive_beta, v_base=s.v_base)
 
     # ------------------------------------------------------------------ one step
-    def _prompts(self, step: int):
+    def step(self, step: int) -> StepPayload:
+        """One GRPO step (the module docstring's six stages); returns what it logs."""
+        t0 = time.perf_counter()
+        batch = self._rollout(step)
+        t_gen = time.perf_counter() - t0
+        rewards, advantages = self._rewards_and_advantages(batch)
+        scores = self._score_before(batch)
+        t_ref = time.perf_counter() - t0 - t_gen
+        searches_mean = self._searches_mean(batch)
+        updates = self._update(step, batch, advantages, scores, searches_mean)
+        t_upd = time.perf_counter() - t0 - t_gen - t_ref
+        logp_new = self._score_after(batch)
+        timing = {"step": time.perf_counter() - t0, "gen": t_gen, "ref": t_ref, "update_actor": t_upd}
+        return self._payload(step, batch, rewards, advantages, scores, logp_new, updates, searches_mean, timing)
+
+    def _prompts(self, step: int) -> list[tuple[int, Question]]:
         g = self.cfg.grpo
         rng = random.Random(self.cfg.seed * 1_000_003 + step)
         qs = rng.sample(self.world.questions, g.prompts_per_step)
@@ -197,211 +261,195 @@ class Trainer:
         mine = list(range(self.dist.rank * per, (self.dist.rank + 1) * per))
         return [(i, qs[i]) for i in mine]
 
-    def step(self, step: int) -> dict:
-        import torch
-
-        from lld_monitor import lld
-        from lld_monitor.store.schema import ROLE_ACTION, ROLE_ANSWER
-
-        from .adamw import lr_at
-        from .env import format_prompt, rollout
-        from .model import forward_logprobs
-        from .reward import em_reward
-
-        cfg, g = self.cfg, self.cfg.grpo
-        t0 = time.perf_counter()
-        picked = self._prompts(step)
-        rows = [(i, q) for i, q in picked for _ in range(g.group_size)]
+    def _rollout(self, step: int) -> StepBatch:
+        cfg = self.cfg
+        rows = [(i, q) for i, q in self._prompts(step) for _ in range(cfg.grpo.group_size)]
         gen = torch.Generator(device=self.device).manual_seed((cfg.seed * 7919 + step) * 131 + self.dist.rank)
-        ro = rollout(self.model, self.tok, [format_prompt(q.question, cfg.env) for _, q in rows], self.retriever, cfg.env, gen)
-        t_gen = time.perf_counter() - t0
-        rewards = torch.tensor([em_reward(t, q.answers) for t, (_, q) in zip(ro.response_texts, rows)], dtype=torch.float32)
-        group_ids = [f"{step}:{i}" for i, _ in rows]
-        adv = lld.grpo_advantages(rewards, group_ids)
+        episodes = rollout(self.model, self.tok, [format_prompt(q.question, cfg.env) for _, q in rows], self.retriever,
+                           cfg.env, gen)
         dev = self.device
-        ids, am, P = ro.input_ids.to(dev), ro.attention_mask.to(dev), ro.prompt_width
-        act = (ro.response_mask & (ro.role == ROLE_ACTION)).to(dev)
-        ans = lld.answer_span_mask(ro.response_ids.to(dev), act, self.open_ids, self.close_ids)
-        role = ro.role.clone()
-        role[ans.cpu()] = ROLE_ANSWER
-        temp = cfg.env.temperature
-        with torch.no_grad():
-            logp_old, ent_old = forward_logprobs(self.model, ids, am, P, temp, act)
-            logp_ref = forward_logprobs(self.ref, ids, am, P, temp, act)[0] if self.ref is not None else None
-        t_ref = time.perf_counter() - t0 - t_gen
-        vs_mean = float(sum(ro.n_searches)) / len(rows)
-        if self.dist.enabled:
-            import torch.distributed as dist
+        model_mask = (episodes.response_mask & (episodes.role == ROLE_ACTION)).to(dev)
+        answer_mask = lld.answer_span_mask(episodes.response_ids.to(dev), model_mask, self.open_ids, self.close_ids)
+        return StepBatch(rows, [f"{step}:{i}" for i, _ in rows], episodes, episodes.input_ids.to(dev),
+                         episodes.attention_mask.to(dev), episodes.prompt_width, model_mask, answer_mask)
 
-            t = torch.tensor([vs_mean], dtype=torch.float64)
-            dist.all_reduce(t)
-            vs_mean = float(t.item()) / self.dist.world_size
-        # ---- updates
-        self.opt.set_lr_factor(lr_at(step, g.warmup_steps, g.lr_schedule, cfg.steps, g.min_lr_ratio))
-        n = len(rows)
-        mb = n // g.num_minibatches
-        upd = {k: [] for k in ("grad_norm", "clip_frac", "kl", "pg_loss", "llds_loss", "entropy", "ppo_kl", "reduce_chunk", "beta", "loss")}
+    def _rewards_and_advantages(self, batch: StepBatch) -> tuple[Tensor, Tensor]:
+        rewards = torch.tensor([em_reward(text, q.answers) for text, (_, q) in zip(batch.episodes.response_texts, batch.rows)],
+                               dtype=torch.float32)
+        return rewards, lld.grpo_advantages(rewards, batch.group_ids)
+
+    def _logprobs(self, model, batch: StepBatch, rows: slice = slice(None), width: int | None = None):
+        p = batch.prompt_width
+        cut = p + width if width is not None else None
+        return forward_logprobs(model, batch.input_ids[rows, :cut], batch.attention_mask[rows, :cut], p,
+                                self.cfg.env.temperature, batch.model_mask[rows, :width])
+
+    def _score_before(self, batch: StepBatch) -> Scores:
+        with torch.no_grad():
+            logp_old, entropy_old = self._logprobs(self.model, batch)
+            logp_ref = self._logprobs(self.ref, batch)[0] if self.ref is not None else None
+        return Scores(logp_old, entropy_old, logp_ref)
+
+    def _searches_mean(self, batch: StepBatch) -> float:
+        """Valid searches per rollout over all ranks (LLDS-MA's V)."""
+        mean = float(sum(batch.episodes.n_searches)) / len(batch.rows)
+        if self.dist.enabled:
+            t = torch.tensor([mean], dtype=torch.float64)
+            torch_dist.all_reduce(t)
+            mean = float(t.item()) / self.dist.world_size
+        return mean
+
+    def _update(self, step: int, batch: StepBatch, advantages: Tensor, scores: Scores, searches_mean: float) -> UpdateStats:
+        g = self.cfg.grpo
+        self.opt.set_lr_factor(lr_at(step, g.warmup_steps, g.lr_schedule, self.cfg.steps, g.min_lr_ratio))
+        size = len(batch.rows) // g.num_minibatches
+        stats = UpdateStats()
         self.model.train()
-        adv_d = adv.to(dev)
+        advantages = advantages.to(self.device)
         for _epoch in range(g.ppo_epochs):
             for b in range(g.num_minibatches):
-                sl = slice(b * mb, (b + 1) * mb)
-                # trim the mini-batch to its own longest response
-                width = int(am[sl, P:].sum(-1).max().item()) if mb else 0
-                width = max(width, 1)
-                x, a = ids[sl, : P + width], am[sl, : P + width]
-                m = act[sl, :width]
-                lo = logp_old[sl, :width]
-                lr_ = logp_ref[sl, :width] if logp_ref is not None else None
-                logp, ent = forward_logprobs(self.ddp, x, a, P, temp, m)
-                loss, st = lld.ppo_clip_loss(logp, lo, adv_d[sl], m, g.clip_eps, logp_ref=lr_, kl_coef=g.kl_coef, agg=g.loss_agg)
-                ent_mean = (ent * m).sum() / m.sum().clamp(min=1)
-                if g.entropy_coef:
-                    loss = loss - g.entropy_coef * ent_mean
-                llds_val = 0.0
-                if self.llds_cfg is not None:
-                    l_llds, lst = lld.llds_loss(
-                        logp, lo, adv_d[sl], m, self.llds_cfg, answer_mask=ans[sl, :width], valid_searches_mean=vs_mean
-                    )
-                    loss = loss + self.llds_cfg.lam * l_llds
-                    llds_val = self.llds_cfg.lam * float(l_llds.detach())
-                    upd["beta"].append(float(lst.get("beta", 1.0)))
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.grad_clip)
-                self.opt.step()
-                with torch.no_grad():
-                    ds = lld.displacement(logp.detach(), lo, m)
-                    pre = (adv_d[sl] >= 0) & (m.sum(-1) > 0)
-                    n_fell = ((ds.action_sum < 0) & ds.action_valid).sum(-1).float()
-                    upd["reduce_chunk"].append(float(n_fell[pre].mean()) if pre.any() else float("nan"))
-                upd["grad_norm"].append(float(gn))
-                upd["clip_frac"].append(st["clip_frac"])
-                upd["kl"].append(st["kl"])
-                upd["pg_loss"].append(st["pg_loss"])
-                upd["ppo_kl"].append(st.get("approx_kl", float("nan")))
-                upd["llds_loss"].append(llds_val)
-                upd["entropy"].append(float(ent_mean.detach()))
-                upd["loss"].append(float(loss.detach()))
-        lr_step = self.opt.param_groups[0]["lr"]
-        t_upd = time.perf_counter() - t0 - t_gen - t_ref
+                self._update_minibatch(slice(b * size, (b + 1) * size), batch, advantages, scores, searches_mean, stats)
+        return stats
+
+    def _update_minibatch(self, rows: slice, batch: StepBatch, advantages: Tensor, scores: Scores, searches_mean: float,
+                          stats: UpdateStats) -> None:
+        g = self.cfg.grpo
+        # trimmed to the mini-batch's own longest response
+        width = max(int(batch.attention_mask[rows, batch.prompt_width:].sum(-1).max().item()), 1)
+        mask = batch.model_mask[rows, :width]
+        logp_old = scores.logp_old[rows, :width]
+        logp_ref = scores.logp_ref[rows, :width] if scores.logp_ref is not None else None
+        adv = advantages[rows]
+        logp, entropy = self._logprobs(self.ddp, batch, rows, width)
+        loss, pg = lld.ppo_clip_loss(logp, logp_old, adv, mask, g.clip_eps, logp_ref=logp_ref, kl_coef=g.kl_coef,
+                                     agg=g.loss_agg)
+        entropy_mean = (entropy * mask).sum() / mask.sum().clamp(min=1)
+        if g.entropy_coef:
+            loss = loss - g.entropy_coef * entropy_mean
+        llds_value = 0.0
+        if self.llds_cfg is not None:
+            llds_term, llds_stats = lld.llds_loss(logp, logp_old, adv, mask, self.llds_cfg,
+                                                  answer_mask=batch.answer_mask[rows, :width],
+                                                  valid_searches_mean=searches_mean)
+            loss = loss + self.llds_cfg.lam * llds_term
+            llds_value = self.llds_cfg.lam * float(llds_term.detach())
+            stats.beta.append(float(llds_stats.get("beta", 1.0)))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.grad_clip)
+        self.opt.step()
         with torch.no_grad():
-            logp_new, _ = forward_logprobs(self.model, ids, am, P, temp, act)
-        step_time = time.perf_counter() - t0
-        return self._log_payload(step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
-                                 ent_old, upd, vs_mean, dict(step=step_time, gen=t_gen, ref=t_ref, update_actor=t_upd),
-                                 lr_step)
+            disp = lld.displacement(logp.detach(), logp_old, mask)
+            preserved = (adv >= 0) & (mask.sum(-1) > 0)
+            n_fell = ((disp.action_sum < 0) & disp.action_valid).sum(-1).float()
+            stats.reduce_chunk.append(float(n_fell[preserved].mean()) if preserved.any() else float("nan"))
+        stats.grad_norm.append(float(grad_norm))
+        stats.clip_frac.append(pg["clip_frac"])
+        stats.kl.append(pg["kl"])
+        stats.pg_loss.append(pg["pg_loss"])
+        stats.ppo_kl.append(pg.get("approx_kl", float("nan")))
+        stats.llds_loss.append(llds_value)
+        stats.entropy.append(float(entropy_mean.detach()))
+        stats.loss.append(float(loss.detach()))
 
-    def _log_payload(self, step, ro, rows, rewards, adv, group_ids, act, ans, role, logp_old, logp_new, logp_ref,
-                     ent_old, upd, vs_mean, timing, lr_now) -> dict:
-        import numpy as np
-        import torch
+    def _score_after(self, batch: StepBatch) -> Tensor:
+        with torch.no_grad():
+            return self._logprobs(self.model, batch)[0]
 
-        from lld_monitor import lld
-        from lld_monitor.aggregates import sample_sums_from_tokens
+    # ------------------------------------------------------------------ what a step logs
+    def _payload(self, step: int, batch: StepBatch, rewards: Tensor, advantages: Tensor, scores: Scores,
+                 logp_new: Tensor, updates: UpdateStats, searches_mean: float, timing: dict[str, float]) -> StepPayload:
+        le = self.cfg.log
+        with_tokens = le.token_every > 0 and step % le.token_every == 0 and le.token_groups != 0
+        ep = batch.episodes
+        payload = step_payload(
+            with_tokens=with_tokens, token_ids=ep.response_ids, valid_mask=ep.response_mask, model_mask=batch.model_mask,
+            answer_mask=batch.answer_mask, logp_old=scores.logp_old, logp_new=logp_new, logp_ref=scores.logp_ref,
+            entropy=scores.entropy_old, advantages=advantages, rewards=rewards, group_ids=batch.group_ids,
+            prompt_ids=[q.qid for _, q in batch.rows], n_searches=ep.n_searches, texts=ep.response_texts,
+            question=[q.question for _, q in batch.rows], gold=[" | ".join(q.answers) for _, q in batch.rows],
+        )
+        payload.scalars = self._scalars(batch, rewards, advantages, scores, updates, searches_mean, timing)
+        return payload
 
-        def mean(xs):
-            xs = [x for x in xs if not (isinstance(x, float) and math.isnan(x))]
-            return float(sum(xs) / len(xs)) if xs else float("nan")
-
-        actf = act.float()
-        n_tok_all = actf.sum().clamp(min=1)
-        lo_m = torch.where(act, logp_old, torch.zeros_like(logp_old))
-        pos_mask = (adv >= 0).to(act.device).unsqueeze(1)
-        ent_action = float((ent_old * actf).sum() / n_tok_all)
-        ansf = ans.float()
-        answer_prob = float((torch.exp(logp_old) * ansf).sum() / ansf.sum()) if ansf.sum() > 0 else float("nan")
+    def _scalars(self, batch: StepBatch, rewards: Tensor, advantages: Tensor, scores: Scores, updates: UpdateStats,
+                 searches_mean: float, timing: dict[str, float]) -> dict[str, float]:
+        """The step's scalars: our signals, then the verl-named ones (`_verl_named_scalars`)."""
+        mask = batch.model_mask.float()
+        answer = batch.answer_mask.float()
+        answer_prob = (float((torch.exp(scores.logp_old) * answer).sum() / answer.sum()) if answer.sum() > 0
+                       else float("nan"))
+        lr = self.opt.param_groups[0]["lr"]
         scalars = {
-            "entropy": ent_action,
-            "grad_norm": mean(upd["grad_norm"]),
-            "clip_frac": mean(upd["clip_frac"]),
-            "kl": mean(upd["kl"]) if logp_ref is not None else float("nan"),
-            "pg_loss": mean(upd["pg_loss"]),
-            "llds_loss": mean(upd["llds_loss"]),
+            "entropy": float((scores.entropy_old * mask).sum() / mask.sum().clamp(min=1)),
+            "grad_norm": _mean(updates.grad_norm),
+            "clip_frac": _mean(updates.clip_frac),
+            "kl": _mean(updates.kl) if scores.logp_ref is not None else float("nan"),
+            "pg_loss": _mean(updates.pg_loss),
+            "llds_loss": _mean(updates.llds_loss),
             "answer_prob_mean": answer_prob,
-            "lr": lr_now,
+            "lr": lr,
             "step_time": timing["step"],
-            # verl-named equivalents (so the detector can be evaluated on verl-only columns)
-            "actor/pos_avg_old_log_prob": float((lo_m * pos_mask).sum() / n_tok_all),
-            "actor/neg_avg_old_log_prob": float((lo_m * ~pos_mask).sum() / n_tok_all),
-            "actor/entropy_loss": mean(upd["entropy"]),
-            "actor/grad_norm": mean(upd["grad_norm"]),
-            "actor/ppo_kl": mean(upd["ppo_kl"]),
-            "actor/pg_clipfrac": mean(upd["clip_frac"]),
-            "actor/pg_loss": mean(upd["pg_loss"]),
-            "actor/loss_noreduce": mean(upd["llds_loss"]),
-            "actor/mean_reduce_chunk": mean(upd["reduce_chunk"]),
-            "actor/lr": lr_now,
+            **self._verl_named_scalars(batch, rewards, advantages, scores, updates, searches_mean, timing, lr),
+            "lld/updates_per_step": float(len(updates.grad_norm)),
+            "lld/grad_norm_max": max(updates.grad_norm) if updates.grad_norm else float("nan"),
+        }
+        if scores.logp_ref is not None:
+            scalars["actor/kl_loss"] = scalars["kl"]
+        if updates.beta:
+            scalars["actor/answer_weight"] = _mean(updates.beta)
+        return scalars
+
+    @staticmethod
+    def _verl_named_scalars(batch: StepBatch, rewards: Tensor, advantages: Tensor, scores: Scores,
+                            updates: UpdateStats, searches_mean: float, timing: dict[str, float], lr: float
+                            ) -> dict[str, float]:
+        """The step's figures under the names verl / Search-R1 and the LLDS authors' code log them, so that the
+        scalars-only detection can be judged on testbed runs (`actor/*`, `critic/*`, `env/*`, ...)."""
+        act = batch.model_mask
+        n_tok = act.float().sum().clamp(min=1)
+        positive = (advantages >= 0).to(act.device).unsqueeze(1)
+        old = torch.where(act, scores.logp_old, torch.zeros_like(scores.logp_old))
+        ep = batch.episodes
+        out = {
+            "actor/pos_avg_old_log_prob": float((old * positive).sum() / n_tok),
+            "actor/neg_avg_old_log_prob": float((old * ~positive).sum() / n_tok),
+            "actor/entropy_loss": _mean(updates.entropy),
+            "actor/grad_norm": _mean(updates.grad_norm),
+            "actor/ppo_kl": _mean(updates.ppo_kl),
+            "actor/pg_clipfrac": _mean(updates.clip_frac),
+            "actor/pg_loss": _mean(updates.pg_loss),
+            "actor/loss_noreduce": _mean(updates.llds_loss),
+            "actor/mean_reduce_chunk": _mean(updates.reduce_chunk),
+            "actor/lr": lr,
             "critic/score/mean": float(rewards.mean()),
-            "critic/advantages/mean": float(adv.mean()),
-            "env/number_of_valid_search": vs_mean,
-            "env/number_of_actions/mean": float(np.mean(ro.n_actions)),
-            "env/finish_ratio": float(np.mean(ro.finished)),
-            "env/number_of_valid_action": float(np.mean(ro.n_valid_actions)),
-            "response_length/mean": float(ro.response_mask.sum(-1).float().mean()),
+            "critic/advantages/mean": float(advantages.mean()),
+            "env/number_of_valid_search": searches_mean,
+            "env/number_of_actions/mean": float(np.mean(ep.n_actions)),
+            "env/finish_ratio": float(np.mean(ep.finished)),
+            "env/number_of_valid_action": float(np.mean(ep.n_valid_actions)),
+            "response_length/mean": float(ep.response_mask.sum(-1).float().mean()),
             "timing_s/step": timing["step"],
             "timing_s/gen": timing["gen"],
             "timing_s/ref": timing["ref"],
             "timing_s/update_actor": timing["update_actor"],
-            "lld/updates_per_step": float(len(upd["grad_norm"])),
-            "lld/grad_norm_max": max(upd["grad_norm"]) if upd["grad_norm"] else float("nan"),
         }
-        if logp_ref is not None:
-            lr_m = torch.where(act, logp_ref, torch.zeros_like(logp_ref))
-            scalars["actor/pos_avg_ref_log_prob"] = float((lr_m * pos_mask).sum() / n_tok_all)
-            scalars["actor/neg_avg_ref_log_prob"] = float((lr_m * ~pos_mask).sum() / n_tok_all)
-            scalars["actor/kl_loss"] = scalars["kl"]
-        if upd["beta"]:
-            scalars["actor/answer_weight"] = mean(upd["beta"])
-        # ---- per sample (exact every step): action-token sums as every other path computes them
-        sums = sample_sums_from_tokens({"mask": act, "logp_old": logp_old, "logp_new": logp_new,
-                                        "action_idx": lld.action_index(act)})
-        samples = {
-            "sample_idx": np.arange(len(rows), dtype=np.int32),
-            "prompt_id": [q.qid for _, q in rows],
-            "group_id": group_ids,
-            "reward": rewards.numpy().astype(np.float64),
-            "advantage": adv.numpy().astype(np.float64),
-            "correct": (rewards > 0).numpy(),
-            "n_searches": np.asarray(ro.n_searches, dtype=np.int32),
-            **sums,
-            "question": [q.question for _, q in rows],
-            "gold": [" | ".join(q.answers) for _, q in rows],
-            "text": ro.response_texts,
-        }
-        tokens = None
-        le = self.cfg.log
-        if le.token_every > 0 and step % le.token_every == 0 and le.token_groups != 0:
-            nan = torch.full_like(logp_old, float("nan"))
-            tokens = {
-                "token_id": ro.response_ids,
-                "mask": ro.response_mask,
-                "role": role,
-                "action_idx": lld.action_index(act),
-                "logp_old": torch.where(act, logp_old, nan),
-                "logp_new": torch.where(act, logp_new, nan),
-                "entropy": torch.where(act, ent_old, nan),
-            }
-            if logp_ref is not None:
-                tokens["logp_ref"] = torch.where(act, logp_ref, nan)
-        return {"scalars": scalars, "samples": samples, "tokens": tokens}
+        if scores.logp_ref is not None:
+            ref = torch.where(act, scores.logp_ref, torch.zeros_like(scores.logp_ref))
+            out["actor/pos_avg_ref_log_prob"] = float((ref * positive).sum() / n_tok)
+            out["actor/neg_avg_ref_log_prob"] = float((ref * ~positive).sum() / n_tok)
+        return out
 
     # ------------------------------------------------------------------ the loop
-    def _gather_samples(self, samples: dict) -> dict | None:
+    def _gather_samples(self, samples: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Rank 0: every rank's samples of this step (the step row is computed from all of them)."""
         if not self.dist.enabled:
             return None
-        import numpy as np
-        import torch.distributed as dist
-
-        parts = [None] * self.dist.world_size
-        dist.all_gather_object(parts, samples)
+        parts: list = [None] * self.dist.world_size
+        torch_dist.all_gather_object(parts, samples)
         if self.dist.rank != 0:
             return None
-        out = {}
-        for k in samples:
-            vals = [p[k] for p in parts]
-            out[k] = np.concatenate([np.asarray(v) for v in vals]) if not isinstance(vals[0], list) else sum(vals, [])
-        return out
+        return {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in samples}
 
     def _param_groups(self, g):
         """The optimizer's parameters: one group, or the token embedding apart at `g.embed_lr_scale` x lr."""
@@ -414,63 +462,43 @@ class Trainer:
             return rest
         return [{"params": rest}, {"params": [emb], "lr": g.lr * g.embed_lr_scale}]
 
-    def train(self, steps: int | None = None, on_step=None) -> str:
-        from tqdm import tqdm
+    def _run_id(self) -> str | None:
+        """The run id: given, or (several ranks) rank 0's new one, broadcast so that every rank writes one run."""
+        if not self.dist.enabled or self.run_id is not None:
+            return self.run_id
+        holder = [new_run_id(self.run_name) if self.dist.rank == 0 else None]
+        torch_dist.broadcast_object_list(holder, src=0)
+        return holder[0]
 
-        from lld_monitor.aggregates import step_aggregates
-        from lld_monitor.detect import OnlineDetector
-        from lld_monitor.logger import RunLogger
-        from lld_monitor.store.schema import normalize_mode
-
-        steps = self.cfg.steps if steps is None else steps
-        run_id = self.run_id
-        if self.dist.enabled and run_id is None:
-            import torch.distributed as dist
-
-            holder = [None]
-            if self.dist.rank == 0:
-                from lld_monitor.store.layout import new_run_id  # type: ignore[attr-defined]
-
-                holder[0] = new_run_id(self.run_name)
-            dist.broadcast_object_list(holder, src=0)
-            run_id = holder[0]
+    def _logger(self) -> RunLogger:
         le = self.cfg.log
-        mode = normalize_mode(self.cfg.mode)
         try:
             vocab = token_texts(self.tok)
         except Exception:  # noqa: BLE001 - token texts are a nicety
             vocab = None
-        detector = OnlineDetector() if self.dist.rank == 0 else None
-        logger = RunLogger(
-            self.store, self.run_name, mode, self.cfg.to_dict(), source="local", model=self.model_name, run_id=run_id,
-            rank=self.dist.rank, world_size=self.dist.world_size, flush_every_steps=le.flush_every_steps,
-            flush_every_s=le.flush_every_s, token_every=le.token_every, token_groups=le.token_groups, vocab=vocab,
-            detector=le.detector,
+        return RunLogger(
+            self.store, self.run_name, normalize_mode(self.cfg.mode), self.cfg.to_dict(), source="local",
+            model=self.model_name, run_id=self._run_id(), rank=self.dist.rank, world_size=self.dist.world_size,
+            flush_every_steps=le.flush_every_steps, flush_every_s=le.flush_every_s, token_every=le.token_every,
+            token_groups=le.token_groups, vocab=vocab, detector=le.detector,
         )
+
+    def train(self, steps: int | None = None, on_step=None) -> str:
+        """Train `steps` steps (default: the config's), logging each; returns the run id. `on_step(step, payload)`
+        is called after each step is logged. Ctrl-C ends the run cleanly (finished); an error marks it crashed."""
+        steps = self.cfg.steps if steps is None else steps
+        logger = self._logger()
         status = "finished"
         bar = tqdm(range(steps), desc=f"{self.cfg.mode} seed {self.cfg.seed}", disable=not self.progress or self.dist.rank != 0,
                    dynamic_ncols=True)
         try:
             for s in bar:
                 payload = self.step(s)
-                all_s = self._gather_samples(payload["samples"])
-                logger.log_step(s, scalars=payload["scalars"] if self.dist.rank == 0 else None,
-                                samples=payload["samples"], tokens=payload["tokens"], all_samples=all_s)
+                logger.log_step(s, scalars=payload.scalars if self.dist.rank == 0 else None, samples=payload.samples,
+                                tokens=payload.tokens, all_samples=self._gather_samples(payload.samples))
                 if self.dist.rank == 0:
-                    agg = step_aggregates(all_s if all_s is not None else payload["samples"])  # what the logger writes
-                    rw = float(agg["reward_mean"])
-                    phase = "-"
-                    if detector is not None:
-                        sig = {**payload["scalars"], **agg}
-                        try:
-                            detector.update(s, sig)
-                            phase = detector.phase
-                        except Exception:  # noqa: BLE001
-                            log.exception("detector failed; the bar shows no phase")
-                            detector = None
-                    d = agg.get("delta_preserved")
-                    d = float("nan") if d is None else d
-                    bar.set_postfix(reward=f"{rw:.3f}", delta=f"{d:+.3f}", phase=phase, gn=f"{payload['scalars']['grad_norm']:.2f}")
+                    bar.set_postfix(reward=f"{payload.scalars['critic/score/mean']:.3f}", phase=logger.phase or "-",
+                                    gn=f"{payload.scalars['grad_norm']:.2f}")
                 if on_step is not None:
                     on_step(s, payload)
         except KeyboardInterrupt:

@@ -8,25 +8,11 @@ a Hugging Face model goes through `HFDecoder` and its usual forward.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .config import ModelConfig
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    max_positions: int = 512
-    # kept for the warm-start cache key (the shipped checkpoints' keys include it); TinyLM has one attention
-    attn_implementation: str = "eager"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def build_model(cfg: ModelConfig, tokenizer, seed: int = 0, fixed_matmul: bool = False):

@@ -15,7 +15,6 @@ to the user cache.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -24,11 +23,14 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .env import ROLE_ACTION, ROLE_TOOL, EnvConfig, format_prompt, observation_text, pack_sequences
-from .model import ModelConfig, build_model
+from lld_monitor.files import exclusive_lock, user_cache_dir
+from lld_monitor.roles import ROLE_ACTION, ROLE_TOOL
+
+from .config import EnvConfig, ModelConfig, SFTConfig
+from .env import format_prompt, observation_text, pack_sequences
+from .model import build_model
 from .retriever import BM25Retriever
 from .tokenizer import build_tokenizer
 from .world import World, WorldConfig, build_world
@@ -38,22 +40,6 @@ log = logging.getLogger(__name__)
 # bump when this file changes what a checkpoint contains. 2: trained with TinyLM under the run's numerics
 WARMSTART_VERSION = 2
 ASSETS = Path(__file__).parent / "assets" / "warmstart"
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    n_demos: int = 4000
-    shortcut_frac: float = 0.35  # two-hop demos that answer after the first search (wrong)
-    guess_frac: float = 0.05  # demos that answer without searching (usually wrong)
-    seed: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # Config fields added after the first checkpoints were keyed: part of the key only when they differ from
@@ -82,11 +68,6 @@ def cache_key(world: WorldConfig, model: ModelConfig, sft: SFTConfig, env: EnvCo
         key["numerics"] = numerics
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def user_cache_dir() -> Path:
-    base = os.environ.get("LLD_MONITOR_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "lld-monitor"
 
 
 def demonstrations(world: World, retriever: BM25Retriever, env: EnvConfig, cfg: SFTConfig):
@@ -217,37 +198,11 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
     final.parent.mkdir(parents=True, exist_ok=True)
     # Trainers launched together on a new setting (a seeds x modes experiment) would each train the
     # same checkpoint; an exclusive lock makes the first one train it and the others wait and load it.
-    with _exclusive_lock(final.parent / f".{key}.lock"):
+    with exclusive_lock(final.parent / f".{key}.lock"):
         if (d := cached()) is None:
             _train_into_cache(world or build_world(world_cfg), model_cfg, sft, env, key, final, numerics)
             d = final
     return load(d)
-
-
-@contextlib.contextmanager
-def _exclusive_lock(path: Path):
-    """An inter-process lock on `path` (flock; a no-op where fcntl does not exist)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(path, "a") as fh:
-        if not _try_flock(fcntl, fh):
-            log.info("warm start: another process holds %s (training this checkpoint); waiting for it", path)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _try_flock(fcntl, fh) -> bool:
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
 
 
 def _train_into_cache(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, key: str, final: Path,

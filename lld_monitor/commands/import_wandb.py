@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lld_monitor.integrations.wandb_import import ImportError_, import_offline, import_online
-    from lld_monitor.integrations.wandb_offline import NotAWandbFileError
+    from lld_monitor.integrations.wandb.importer import ImportError_, import_offline, import_online
+    from lld_monitor.integrations.wandb.offline_file import NotAWandbFileError
     from lld_monitor.store import StoreError
 
     online = bool(args.entity or args.project or args.run)

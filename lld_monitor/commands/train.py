@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"lld-monitor train: bad config: {e}", file=sys.stderr)
         return 2
     name = args.run_name or f"{cfg.mode}-seed{cfg.seed}"
+    from lld_monitor.backend import numerics
+
+    numerics.require(cfg.numerics)  # before the trainer (and so torch) is imported: pinned kernels are chosen at load
     from lld_monitor.backend.grpo import Trainer
 
     try:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
+from lld_monitor.files import atomic_write
 
 from . import layout, schema
 from .convert import to_table
@@ -54,23 +55,11 @@ def write_detector_cache(store: str | os.PathLike, run_id: str, row: Mapping[str
     table = to_table("detector_state", dict(row), schema.DETECTOR_STATE, force={"run_id": run_id})
     if table.num_rows != 1:
         raise StoreError(f"a detector cache holds one row, got {table.num_rows}")
-    tmp = None
     try:
-        path.parent.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-        tmp = None
+        atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     except OSError as exc:
         log.info("detector cache for run %s not written (%s); it is recomputed next time", run_id, exc)
         return None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     log.info("detector cache written for run %s at step %s", run_id, table.column("step")[0].as_py())
     return path
 

@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lld_monitor.files import atomic_write_text
+
 STORE_FILE = "store.json"
 STORE_FORMAT = "lld-monitor-store"
 RUNS_DIR = "runs"
@@ -86,18 +88,7 @@ def dumps(obj: Any) -> str:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write to a temp file in the same folder, then os.replace: readers see the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dumps(obj))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_text(path, dumps(obj))
 
 
 def create_json_exclusive(path: Path, obj: Any) -> bool:

@@ -26,8 +26,6 @@ SCHEMA_VERSION = 2  # v2: the detector_state table (migrations.py)
 MODES = ("vanilla", "llds", "llds_ma", "unknown")  # stored spelling; input may say llds-ma
 SOURCES = ("local", "trl", "wandb", "verl")
 STATUSES = ("running", "finished", "crashed")
-ROLES = ("action", "tool", "answer")  # answer = action tokens inside the final <answer>...</answer> span
-ROLE_ACTION, ROLE_TOOL, ROLE_ANSWER = range(len(ROLES))  # the codes of `tokens['role']` in RunLogger.log_step
 SEVERITIES = ("info", "warning", "critical")
 # == lld_monitor.detect.phases.PHASES as a set; "acceleration" (phase III) appended so W&B phase indices stay
 # stable (lld/phase); "collapse" now means only a collapsed reward
@@ -100,7 +98,7 @@ TOKENS = pa.schema(
         ("position", pa.int32()),
         ("token_id", pa.int32()),
         ("token_text", pa.string()),
-        ("role", pa.string()),  # one of ROLES; tool tokens carry NULL log-probs
+        ("role", pa.string()),  # one of lld_monitor.roles.ROLES; tool tokens carry NULL log-probs
         ("action_idx", pa.int32()),  # -1 for tool tokens
         ("logp_old", pa.float32()),
         ("logp_new", pa.float32()),

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from lld_monitor.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -189,15 +190,7 @@ def _meta(cfg: dict[str, Any], run_id: str) -> dict[bytes, bytes]:
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def _table(df: pd.DataFrame, schema: pa.Schema, meta: dict[bytes, bytes]) -> pa.Table:

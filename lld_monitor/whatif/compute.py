@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lld_monitor.store.schema import ROLES
+from lld_monitor.roles import ROLE_ACTION, ROLE_ANSWER, ROLES
 from lld_monitor.whatif import cache as wc
 
 log = logging.getLogger(__name__)
 
-SCORED_ROLES = (ROLES[0], ROLES[2])  # action, answer: the tokens the model generated
+SCORED_ROLES = (ROLES[ROLE_ACTION], ROLES[ROLE_ANSWER])  # action, answer: the tokens the model generated
 
 
 @dataclass
@@ -94,7 +94,7 @@ def step_batch(step: int, tokens: pd.DataFrame, samples: pd.DataFrame) -> StepBa
     logp_new = np.zeros(shape, dtype=np.float32)
     sc = scored[on]
     action[r[sc], c[sc]] = True
-    answer[r, c] = role[on] == ROLES[2]
+    answer[r, c] = role[on] == ROLES[ROLE_ANSWER]
     logp_old[r[sc], c[sc]] = lo[on][sc]
     logp_new[r[sc], c[sc]] = ln[on][sc]
 

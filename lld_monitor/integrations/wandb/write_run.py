@@ -4,7 +4,8 @@ Shared by the offline reader and the online importer. Rules:
 - every numeric history value (NaN and +/-inf included) lands in `metrics` under its W&B key, unchanged;
   `_step` is the step axis (or `train/global_step` for runs logged by transformers' WandbCallback) and is
   not repeated as a metric;
-- keys with a documented meaning (`mapping.KEY_MAP`) are also copied into `steps` signals;
+- keys with a documented meaning (`signals.KEY_MAP`) are also copied into `steps` signals, corrected as the
+  run's `RunProfile` says (read once, from its config and the keys of its first rows);
 - rows logged for the same step are merged (later values win), so every step has one `steps` row;
 - the store run id is derived from the W&B project and run id, and the run is rewritten with
   ``overwrite=True``: re-importing updates a run, it never duplicates it;
@@ -26,8 +27,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lld_monitor.integrations import mapping, wandb_fixes
+from lld_monitor.signals import LLD_STEP_KEY, TRL_STEP_KEY, map_row, mapped_keys
 from lld_monitor.store import RunWriter, schema
+
+from .completions import COMPLETIONS_KEYS, completions_samples, reward_function_names, summary_only, table_ref
+from .run_profile import RunProfile, SignalFix, find_in_config, flatten_config
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +91,9 @@ def store_run_id(project: str | None, wandb_id: str) -> str:
 
 
 def _model_from_config(config: Mapping[str, Any]) -> str | None:
-    flat = mapping._walk(dict(config))
+    flat = flatten_config(dict(config))
     for name in ("model_name_or_path", "_name_or_path", "model_name", "model_id"):
-        v = mapping._find(flat, name)
+        v = find_in_config(flat, name)
         if isinstance(v, str) and v:
             return v
     v = flat.get("actor_rollout_ref.model.path")
@@ -107,7 +111,7 @@ def _step_of(row: Mapping[str, Any], step_key: str) -> int | None:
     transformers' WandbCallback `train/global_step`, both meaning the optimizer step."""
     v = row.get(step_key)
     if v is None and step_key != "_step":
-        for alt in (mapping.LLD_STEP_KEY, mapping.TRL_STEP_KEY):
+        for alt in (LLD_STEP_KEY, TRL_STEP_KEY):
             v = row.get(alt)
             if v is not None:
                 break
@@ -119,7 +123,7 @@ def _step_of(row: Mapping[str, Any], step_key: str) -> int | None:
 class _Accumulator:
     """Merges rows per step and emits Arrow batches for `steps` and `metrics`."""
 
-    def __init__(self, run_id: str, step_key: str, fix: wandb_fixes.SignalFix | None = None):
+    def __init__(self, run_id: str, step_key: str, fix: SignalFix | None = None):
         self.run_id = run_id
         self.step_key = step_key
         self.fix = fix
@@ -146,8 +150,8 @@ class _Accumulator:
             self.unstepped += 1
             return
         self.last_step = step
-        for k in wandb_fixes.COMPLETIONS_KEYS:
-            ref = wandb_fixes.table_ref(k, row.get(k))
+        for k in COMPLETIONS_KEYS:
+            ref = table_ref(k, row.get(k))
             if ref is not None:
                 self.tables.append((step, ref))
         if step in self.steps_written:
@@ -193,7 +197,7 @@ class _Accumulator:
                 elif v is not None:
                     skipped.add(k)
             keys.update(row.keys())
-            sig = mapping.map_row(row)
+            sig = map_row(row)
             if self.fix is not None:
                 self.fix(sig)
             sigs.append(sig)
@@ -250,17 +254,7 @@ def write_run(
         first_rows.append(row)
         if len(first_rows) >= 50:
             break
-    step_key = "_step"
-    for axis in (mapping.LLD_STEP_KEY, mapping.TRL_STEP_KEY):
-        if any(axis in r for r in first_rows):
-            step_key = axis
-            break
-    peek_keys = {k for r in first_rows for k in r}
-    if mode is not None and mode not in schema.MODES:
-        raise ValueError(f"mode must be one of {schema.MODES}, got {mode!r}")
-    inferred = mapping.infer_mode(spec.config, peek_keys)
-    chosen_mode, reason = (mode, "set by hand") if mode else (inferred.mode, inferred.reason)
-    fix, fix_notes, fix_done = wandb_fixes.signal_fix(spec.config, peek_keys)
+    profile = RunProfile.read(spec.config, {k for r in first_rows for k in r}, mode)
     run_name = name or spec.name or spec.wandb_id
     config = dict(spec.config)
     config["_lld_monitor_import"] = {
@@ -268,16 +262,16 @@ def write_run(
         "project": spec.project,
         "entity": spec.entity,
         "origin": spec.origin,
-        "mode_reason": reason,
-        "step_key": step_key,
-        "fixes": fix_done,
+        "mode_reason": profile.mode_reason,
+        "step_key": profile.step_key,
+        "fixes": profile.fixes_done,
         "wandb_state": spec.status,
         "imported_at": datetime.now(tz=timezone.utc).isoformat(),
     }
     writer = RunWriter.create(
         store,
         run_name,
-        chosen_mode,
+        profile.mode,
         source="wandb",
         config=config,
         model=_model_from_config(spec.config),
@@ -287,7 +281,7 @@ def write_run(
     if spec.started_at is not None:
         # when the run started on W&B, not when it was imported
         writer.update_run(started_at=spec.started_at.astimezone(timezone.utc).isoformat())
-    acc = _Accumulator(run_id, step_key, fix)
+    acc = _Accumulator(run_id, profile.step_key, profile.fix)
     bar = _progress(total_rows, f"import {run_name}", progress)
     try:
         since = 0
@@ -295,7 +289,7 @@ def write_run(
             acc.add(row)
             since += 1
             if since >= BATCH_ROWS:
-                if step_key == "_step":  # W&B returns `_step` rows in order: older steps are complete
+                if profile.step_key == "_step":  # W&B returns `_step` rows in order: older steps are complete
                     _append(writer, *acc.drain(final=False))
                 bar.update(since)
                 since = 0
@@ -309,7 +303,7 @@ def write_run(
         raise
     bar.close()
     _finish(writer, spec.status)
-    problems = list(fix_notes) + extra_notes
+    problems = list(profile.notes) + extra_notes
     if acc.late:
         problems.append(f"{acc.late} history row(s) for already written steps were dropped")
     if acc.unstepped:
@@ -319,13 +313,13 @@ def write_run(
     return ImportResult(
         run_id=run_id,
         name=run_name,
-        mode=chosen_mode,
-        mode_reason=reason,
-        family=mapping.detect_family(acc.keys),
+        mode=profile.mode,
+        mode_reason=profile.mode_reason,
+        family=profile.framework,
         rows=acc.rows,
         steps=len(acc.steps_written),
         metric_values=acc.metric_values,
-        mapped=mapping.mapped_keys(acc.keys),
+        mapped=mapped_keys(acc.keys),
         skipped_keys=sorted(acc.skipped),
         status=spec.status,
         seconds=time.perf_counter() - t0,
@@ -339,7 +333,7 @@ def _append_summary_and_tables(writer: Any, spec: ImportSpec, acc: _Accumulator)
     """Summary-only scalars into `metrics` at the last step; TRL completions tables into `samples`."""
     notes: list[str] = []
     last = max(acc.steps_written) if acc.steps_written else 0
-    extra = wandb_fixes.summary_only(spec.summary, acc.keys | acc.skipped)
+    extra = summary_only(spec.summary, acc.keys | acc.skipped)
     if extra:
         writer.append("metrics", pa.table({
             "step": pa.array([last] * len(extra), pa.int64()),
@@ -349,7 +343,7 @@ def _append_summary_and_tables(writer: Any, spec: ImportSpec, acc: _Accumulator)
         acc.metric_values += len(extra)
     n = 0
     if acc.tables:
-        cols, table_notes = wandb_fixes.completions_samples(acc.tables, wandb_fixes.reward_function_names(acc.keys))
+        cols, table_notes = completions_samples(acc.tables, reward_function_names(acc.keys))
         notes.extend(table_notes)
         if cols is not None:
             n = writer.append("samples", cols)

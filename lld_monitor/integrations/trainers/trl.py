@@ -2,7 +2,7 @@
 
 The three lines a TRL user adds::
 
-    from lld_monitor.integrations.trl import LLDGRPOTrainer           # 1. import
+    from lld_monitor.integrations.trainers.trl import LLDGRPOTrainer           # 1. import
     trainer = LLDGRPOTrainer(model=..., reward_funcs=..., args=args,  # 2. instead of GRPOTrainer(...)
                              train_dataset=ds, lld_store="lld_runs")  #    (+ llds=LLDSConfig(lam=0.2) for LLDS)
     trainer.train()                                                   # 3. as before; the run is in lld_runs/
@@ -79,9 +79,9 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from lld_monitor import lld
-from lld_monitor.aggregates import sample_sums_from_tokens
-from lld_monitor.integrations import mapping
-from lld_monitor.store.schema import ROLE_ACTION, ROLE_ANSWER, ROLE_TOOL, STEP_SIGNALS
+from lld_monitor.payload import step_payload, tool_runs
+from lld_monitor.signals import map_row
+from lld_monitor.store.schema import STEP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,7 @@ def tool_call_counts(completion_mask: Tensor, tool_mask: Tensor | None) -> Tenso
     each `env_mask` = 0 run is one environment reply."""
     if tool_mask is None:
         return torch.zeros(completion_mask.shape[0], device=completion_mask.device)
-    tool = completion_mask.bool() & ~tool_mask.bool()
-    starts = tool.clone()
-    starts[:, 1:] &= ~tool[:, :-1]
-    return starts.sum(dim=1).float()
+    return tool_runs(completion_mask, completion_mask.bool() & tool_mask.bool()).float()
 
 
 def _pad_cat(tensors: list[Tensor], value: float) -> Tensor:
@@ -397,8 +394,7 @@ class LLDGRPOTrainer(GRPOTrainer):
         action = (mask * tool if tool is not None else mask).bool()
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
-        adv = inputs["advantages"]
-        adv_r = adv[:, 0] if adv.dim() == 2 else adv
+        adv_r = lld.response_advantages(inputs["advantages"], action.shape[0], action)
         answer = None
         if self.answer_open_ids and self.answer_close_ids:
             answer = lld.answer_span_mask(inputs["completion_ids"], action, self.answer_open_ids,
@@ -432,7 +428,7 @@ class LLDGRPOTrainer(GRPOTrainer):
                 self.lld_last_term = float(scaled.detach())
                 llds_val = float(share.detach())
         if self._lld_active:
-            self._lld_record(inputs, logps, old, adv_r, mask, tool, answer, llds_val, calls, gated)
+            self._lld_record(inputs, logps, old, adv_r, mask, action, answer, llds_val, calls, gated)
             if self.accelerator.sync_gradients:
                 self._lld_end_step()
         return loss
@@ -454,23 +450,20 @@ class LLDGRPOTrainer(GRPOTrainer):
         return gated
 
     # ----------------------------------------------------------------------------- per-step logging
-    def _lld_record(self, inputs, logps, old, adv, mask, tool, answer, llds_val, calls, gated=False) -> None:
+    def _lld_record(self, inputs, logps, old, adv, mask, action, answer, llds_val, calls, gated=False) -> None:
+        """Keep this micro-batch's tensors for the step's log (CPU copies; concatenated at the step's end)."""
         ent = self._lld_stash.get("entropies")
         n = logps.shape[0]
         with torch.no_grad():
-            role = torch.full_like(mask, ROLE_ACTION, dtype=torch.long)
-            if tool is not None:
-                role = torch.where(tool.bool(), role, torch.full_like(role, ROLE_TOOL))
-            if answer is not None:
-                role = torch.where(answer, torch.full_like(role, ROLE_ANSWER), role)
             rec = {
-                "token_id": inputs["completion_ids"].detach().cpu(),
-                "mask": mask.detach().bool().cpu(),
-                "role": role.cpu(),
+                "token_ids": inputs["completion_ids"].detach().cpu(),
+                "valid_mask": mask.detach().bool().cpu(),
+                "model_mask": action.detach().bool().cpu(),
+                "answer_mask": (answer if answer is not None else torch.zeros_like(action)).detach().bool().cpu(),
                 "logp_new": logps.detach().float().cpu(),
                 "logp_old": old.detach().float().cpu(),
-                "advantage": adv.detach().float().cpu(),
-                "reward": inputs.get("lld_reward", torch.full((n,), float("nan"))).detach().float().cpu(),
+                "advantages": adv.detach().float().cpu(),
+                "rewards": inputs.get("lld_reward", torch.full((n,), float("nan"))).detach().float().cpu(),
                 "group": inputs.get("lld_group", torch.arange(n)).detach().cpu(),
                 "calls": calls.detach().cpu(),
             }
@@ -489,16 +482,15 @@ class LLDGRPOTrainer(GRPOTrainer):
         if not micro:
             return
         step = int(self.state.global_step) + 1  # the optimizer step this loss belongs to (TRL logs it as such)
-        pad = {"token_id": 0, "mask": 0, "role": ROLE_ACTION, "logp_new": 0.0, "logp_old": 0.0, "entropy": 0.0,
-               "logp_ref": 0.0}
-        tok = {k: _pad_cat([m[k] for m in micro], pad[k]) for k in pad if k in micro[0]}
-        mask = tok["mask"].bool()
-        action = mask & (tok["role"] != ROLE_TOOL)
-        tok["action_idx"] = lld.action_index(action)
-        adv = torch.cat([m["advantage"] for m in micro])
-        reward = torch.cat([m["reward"] for m in micro])
-        calls = torch.cat([m["calls"] for m in micro])
-        scalars: dict[str, float] = {}  # Δ signals: RunLogger's step_aggregates over the samples' sums below
+        per_token = ("token_ids", "valid_mask", "model_mask", "answer_mask", "logp_new", "logp_old", "entropy",
+                     "logp_ref")
+        tok = {k: _pad_cat([m[k] for m in micro], 0) for k in per_token if k in micro[0]}
+        groups = torch.cat([m["group"] for m in micro])
+        payload = step_payload(**tok, advantages=torch.cat([m["advantages"] for m in micro]),
+                               rewards=torch.cat([m["rewards"] for m in micro]), group_ids=groups,
+                               n_searches=torch.cat([m["calls"] for m in micro]),
+                               texts=self._decode(tok["token_ids"], tok["valid_mask"]))
+        action = tok["model_mask"]
         llds_vals = [float(m["llds_loss"]) for m in micro if "llds_loss" in m]
         gated = [float(m["llds_gated"]) for m in micro if "llds_gated" in m]
         # entropy as sums and counts, the LLDS shares and gates as sums, added over every rank (one step row)
@@ -507,6 +499,7 @@ class LLDGRPOTrainer(GRPOTrainer):
             float(np.sum(llds_vals)), float(len(llds_vals)), float(np.sum(gated)),
         ], dtype=torch.float64)
         parts = self._lld_gather(parts).view(-1, 5).sum(dim=0)
+        scalars: dict[str, float] = {}  # Δ signals: RunLogger's step_aggregates over the samples' sums
         if "entropy" in tok:
             scalars["entropy"] = float(parts[0] / parts[1].clamp(min=1))
         if llds_vals:
@@ -514,25 +507,12 @@ class LLDGRPOTrainer(GRPOTrainer):
             scalars["llds_noise_gated"] = float(parts[4] / parts[3])
         elif self.llds_cfg is None:
             scalars["llds_loss"] = 0.0
-        groups = torch.cat([m["group"] for m in micro]).numpy()
-        samples = {
-            "reward": reward.numpy().astype(np.float64),
-            "advantage": adv.numpy().astype(np.float64),
-            "group_id": np.array([str(int(g)) for g in groups], dtype=object),
-            "prompt_id": np.array([str(int(g)) for g in groups], dtype=object),
-            "sample_idx": np.arange(len(groups), dtype=np.int32),
-            "n_searches": calls.numpy().astype(np.int32),
-            "text": self._decode(tok["token_id"], mask),
-            **sample_sums_from_tokens({k: tok[k] for k in ("mask", "role", "action_idx", "logp_old", "logp_new")}),
-        }
         if self.accelerator.num_processes > 1:
             # the step row is computed (by rank 0's logger) from every rank's samples, not rank 0's alone
-            self._lld_all[step] = self._lld_gather_samples(samples, torch.cat([m["group"] for m in micro]))
-        tokens = {k: v.numpy() for k, v in tok.items()}
-        tokens["mask"] = tokens["mask"].astype(bool)
+            self._lld_all[step] = self._lld_gather_samples(payload.samples, groups)
         # a step that TRL does not log (logging_steps > 1) goes out when the next one is ready
         self._lld_flush_pending(before=step)
-        self._lld_pending[step] = (scalars, samples, tokens)
+        self._lld_pending[step] = (scalars, payload.samples, payload.tokens)
 
     def _lld_gather(self, t: Tensor) -> Tensor:
         """Concatenate a 1-D tensor over ranks (every rank calls this at the same optimizer step)."""
@@ -565,7 +545,7 @@ class LLDGRPOTrainer(GRPOTrainer):
             if k in _SKIP_TRL_KEYS or not isinstance(v, (int, float)) or isinstance(v, bool):
                 continue
             extra[k] = float(v)
-        mapped = mapping.map_row(logs)
+        mapped = map_row(logs)
         scalars_trl: dict[str, float] = {}
         for k, v in extra.items():
             if k in STEP_SIGNALS:

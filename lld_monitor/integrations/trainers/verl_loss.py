@@ -2,13 +2,13 @@
 
 Loaded on the workers by verl itself, selected by config — verl is not edited::
 
-    actor_rollout_ref.model.external_lib=lld_monitor.integrations.verl_llds
+    actor_rollout_ref.model.external_lib=lld_monitor.integrations.trainers.verl_loss
     actor_rollout_ref.actor.policy_loss.loss_mode=llds
 
 λ = 0.2, A-gate, ``token_mean`` norm by default. To set them, point the policy-loss config at
 :class:`LLDSPolicyLossConfig` (verl builds it with Hydra)::
 
-    actor_rollout_ref.actor.policy_loss._target_=lld_monitor.integrations.verl_llds.LLDSPolicyLossConfig
+    actor_rollout_ref.actor.policy_loss._target_=lld_monitor.integrations.trainers.verl_loss.LLDSPolicyLossConfig
     +actor_rollout_ref.actor.policy_loss.llds_lambda=0.1
     +actor_rollout_ref.actor.policy_loss.llds_norm=seq_mean
 
@@ -37,7 +37,7 @@ Metrics: every micro-batch returns the same keys, all finite — verl appends th
 micro-batch), ``lld/llds_noise_gated`` (1 if gated), ``lld/delta_abs_max`` (max |Δ| over its action tokens),
 ``lld/frac_preserved`` (responses with Â ≥ 0), ``lld/frac_penalized_tokens`` (action tokens with a positive
 penalty). The per-step Δ signals (delta_preserved, ...) come exact from the driver hook
-(:mod:`lld_monitor.integrations.verl_hook`), not from here.
+(:mod:`lld_monitor.integrations.trainers.verl_hook`), not from here.
 
 This module imports torch, verl and :mod:`lld_monitor.lld` only (no store, no DuckDB / Arrow on the workers).
 LLDS-MA is not offered: verl 0.9.1's ``ppo_loss`` hands the policy loss no token ids (no answer span).

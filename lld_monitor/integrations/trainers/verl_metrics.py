@@ -18,7 +18,7 @@ right-padded, shape ``[B, R]`` (R = max response length):
 
 Usage inside ``update_policy`` (or after it, on the step's batch)::
 
-    from lld_monitor.integrations.verl import lld_metrics
+    from lld_monitor.integrations.trainers.verl_metrics import lld_metrics
     metrics.update(lld_metrics(data.batch, llds=LLDSConfig(lam=0.2)))  # keys "lld/<signal>"
 
 The keys are ``lld/<signal>`` for every signal of ``schema.STEP_SIGNALS`` that the batch determines;
@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 
 from lld_monitor import lld
-from lld_monitor.aggregates import sample_sums_from_tokens, step_aggregates
+from lld_monitor.aggregates import step_aggregates
+from lld_monitor.payload import step_samples
 
 PREFIX = "lld/"
 
@@ -107,25 +108,14 @@ def lld_metrics(
         old = old.detach().float()
         new = new.detach().float()
         m = mask.bool()
-        b = old.shape[0]
-        adv_r = adv.detach().float()
-        if adv_r.dim() == 2:
-            # Â is tiled over the response; take each row's value at its first model token
-            first = torch.argmax(m.int(), dim=1)
-            adv_r = adv_r.gather(1, first.unsqueeze(1)).squeeze(1)
-        if adv_r.shape != (b,):
-            raise ValueError(f"advantages must be [B, R] or [B] with B={b}, got {tuple(adv.shape)}")
-        # per-sample sums, then the same step aggregates as RunLogger (lld_monitor.aggregates)
-        samples: dict[str, Any] = {
-            "advantage": adv_r,
-            **sample_sums_from_tokens({"mask": m, "logp_old": old, "logp_new": new, "action_idx": lld.action_index(m)}),
-        }
+        adv_r = lld.response_advantages(adv.detach().float(), old.shape[0], m)  # [B, R]: at the first model token
         scores = _get(batch, "scores")
         tls = _get(batch, "token_level_scores", "token_level_rewards")
         if scores is None and tls is not None:
             scores = tls.float().sum(dim=-1)
-        if scores is not None:
-            samples["reward"] = scores.detach().double().reshape(-1)
+        # per-sample sums, then the same step aggregates as RunLogger (payload.py, aggregates.py)
+        samples = step_samples(model_mask=m, logp_old=old, logp_new=new, advantages=adv_r,
+                               rewards=None if scores is None else scores.detach().double().reshape(-1))
         out: dict[str, float] = {k: math.nan if v is None else float(v) for k, v in step_aggregates(samples).items()}
 
         ref = _get(batch, "ref_log_prob")

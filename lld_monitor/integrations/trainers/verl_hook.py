@@ -9,7 +9,7 @@ stored with role "tool" and left out of every likelihood figure.
 
 Run verl through it (same Hydra overrides as ``python -m verl.trainer.main_ppo``)::
 
-    python -m lld_monitor.integrations.verl_hook trainer.use_v1=False +trainer.lld_store=lld_runs ...
+    python -m lld_monitor.integrations.trainers.verl_hook trainer.use_v1=False +trainer.lld_store=lld_runs ...
 
 How the trainer gets into the Ray actor: verl builds ``RayPPOTrainer`` inside ``TaskRunner.run``, a Ray actor
 method. Ray ships an actor class that is not importable by name *by value* (cloudpickle; verl's ``TaskRunner`` name
@@ -47,16 +47,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from verl import DataProto
 from verl.trainer import main_ppo_v0
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from lld_monitor import lld
-from lld_monitor.aggregates import sample_sums_from_tokens
-from lld_monitor.store.schema import ROLE_ACTION, ROLE_TOOL
+from lld_monitor.payload import StepPayload, step_payload
 
 log = logging.getLogger(__name__)
 
@@ -91,64 +88,37 @@ def on_policy_share(config: Any) -> float:
     return 1.0 / max(epochs * max(train / mini, 1.0), 1.0)
 
 
-def step_payload(
-    batch: DataProto, new_log_probs: Tensor, tokenizer: Any = None
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(samples, tokens) for RunLogger.log_step from a verl step batch and its post-update log-probs [B, R]."""
+def verl_step_payload(batch: DataProto, new_log_probs: Tensor, tokenizer: Any = None) -> StepPayload:
+    """The step of a verl batch and its post-update log-probs [B, R], as RunLogger takes it (`payload.py`)."""
     b = batch.batch
     responses = b["responses"]
     n, r = responses.shape
-    attn = b["attention_mask"][:, -r:].bool()  # every real response token (model and tool)
-    model = b["response_mask"].bool() if "response_mask" in b.keys() else attn  # model tokens only
-    model = model & attn
+    valid = b["attention_mask"][:, -r:].bool()  # every real response token (model and tool)
+    model = (b["response_mask"].bool() if "response_mask" in b.keys() else valid) & valid  # model tokens only
     old = b["old_log_probs"].float()
     if new_log_probs.shape != old.shape:
         raise ValueError(f"post-update log-probs must be [B, R] = {tuple(old.shape)}, got {tuple(new_log_probs.shape)}")
-    role = torch.where(model, torch.full_like(responses, ROLE_ACTION), torch.full_like(responses, ROLE_TOOL))
-    tokens: dict[str, Any] = {
-        "token_id": responses.cpu().numpy(),
-        "mask": attn.cpu().numpy(),
-        "role": role.cpu().numpy(),
-        "action_idx": lld.action_index(model).cpu().numpy(),
-        "logp_old": old.cpu().numpy(),
-        "logp_new": new_log_probs.float().cpu().numpy(),
-    }
-    if "ref_log_prob" in b.keys():
-        tokens["logp_ref"] = b["ref_log_prob"].float().cpu().numpy()
-    adv = b["advantages"].float()
-    first = model.int().argmax(dim=1)
-    adv_r = adv.gather(1, first.unsqueeze(1)).squeeze(1) if adv.dim() == 2 else adv
     if "token_level_scores" in b.keys():
         reward = b["token_level_scores"].float().sum(dim=-1)
     else:
         reward = torch.full((n,), float("nan"))
     uid = batch.non_tensor_batch.get("uid")
-    groups = np.array([str(u) for u in uid], dtype=object) if uid is not None else np.arange(n).astype(str).astype(object)
-    tool = attn & ~model
-    starts = tool.clone()
-    starts[:, 1:] &= ~tool[:, :-1]
-    samples: dict[str, Any] = {
-        "reward": reward.double().cpu().numpy(),
-        "advantage": adv_r.double().cpu().numpy(),
-        "group_id": groups,
-        "prompt_id": groups,
-        "sample_idx": np.arange(n, dtype=np.int32),
-        "n_searches": starts.sum(dim=1).cpu().numpy().astype(np.int32),
-        **sample_sums_from_tokens({k: tokens[k] for k in ("mask", "role", "action_idx", "logp_old", "logp_new")}),
-    }
+    texts = None
     if tokenizer is not None:
-        samples["text"] = np.array(
-            [tokenizer.decode(row[m].tolist(), skip_special_tokens=False) for row, m in zip(responses.cpu(), attn.cpu(), strict=True)],
-            dtype=object,
-        )
-    return samples, tokens
+        texts = [tokenizer.decode(row[m].tolist(), skip_special_tokens=False)
+                 for row, m in zip(responses.cpu(), valid.cpu(), strict=True)]
+    return step_payload(
+        token_ids=responses, valid_mask=valid, model_mask=model, logp_old=old, logp_new=new_log_probs,
+        logp_ref=b["ref_log_prob"] if "ref_log_prob" in b.keys() else None, advantages=b["advantages"].float(),
+        rewards=reward, group_ids=list(uid) if uid is not None else range(n), texts=texts,
+    )
 
 
 def log_verl_step(logger: Any, step: int, batch: DataProto, new_log_probs: Tensor, tokenizer: Any = None,
                   scalars: Mapping[str, float] | None = None) -> None:
     """One verl PPO step into `logger` (a RunLogger): samples, tokens and any extra scalars."""
-    samples, tokens = step_payload(batch, new_log_probs, tokenizer)
-    logger.log_step(int(step), scalars=dict(scalars or {}), samples=samples, tokens=tokens)
+    payload = verl_step_payload(batch, new_log_probs, tokenizer)
+    logger.log_step(int(step), scalars=dict(scalars or {}), samples=payload.samples, tokens=payload.tokens)
 
 
 class LLDRayPPOTrainer(RayPPOTrainer):
@@ -233,7 +203,7 @@ def install_trainer(run: Any) -> None:
         raise UnsupportedVerlError(
             "verl's TaskRunner.run no longer builds RayPPOTrainer by that name, so lld-monitor's verl hook cannot "
             "put its trainer there (supported: verl 0.9.1 with trainer.use_v1=False). Log from your own trainer "
-            "with lld_monitor.integrations.verl_hook.log_verl_step instead."
+            "with lld_monitor.integrations.trainers.verl_hook.log_verl_step instead."
         )
     fn.__globals__["RayPPOTrainer"] = LLDRayPPOTrainer
 
@@ -259,7 +229,7 @@ def task_runner() -> Any:
 
 
 def main() -> None:  # pragma: no cover - needs Ray and GPUs
-    """`python -m lld_monitor.integrations.verl_hook <verl Hydra overrides>`: verl's main_ppo with the hook."""
+    """`python -m lld_monitor.integrations.trainers.verl_hook <verl Hydra overrides>`: verl's main_ppo with the hook."""
     import os  # noqa: PLC0415
 
     import hydra  # noqa: PLC0415
@@ -271,7 +241,7 @@ def main() -> None:  # pragma: no cover - needs Ray and GPUs
     # under `python -m` this file is __main__, whose classes Ray would ship by value: take the named module's
     import importlib  # noqa: PLC0415
 
-    hook = importlib.import_module("lld_monitor.integrations.verl_hook")
+    hook = importlib.import_module("lld_monitor.integrations.trainers.verl_hook")
 
     @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
     def _main(config: Any) -> None:
@@ -285,4 +255,4 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 __all__ = ["SHARE_KEY", "TIMING_KEY", "LLDRayPPOTrainer", "LLDTaskRunner", "UnsupportedVerlError", "install_trainer",
-           "is_bypass_mode", "log_verl_step", "on_policy_share", "step_payload", "task_runner"]
+           "is_bypass_mode", "log_verl_step", "on_policy_share", "task_runner", "verl_step_payload"]

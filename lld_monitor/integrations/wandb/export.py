@@ -1,7 +1,8 @@
 """Send lld-monitor step signals and alerts to an active W&B run, so W&B dashboards keep working.
 
-`RunLogger(..., wandb=run)` (or `wandb=True` for `wandb.run`) creates a :class:`WandbExporter` and calls it
-from its writer thread after each step is stored; the training loop never waits on W&B.
+A RunLogger sink (`lld_monitor.sinks`): ``RunLogger(..., sinks=[WandbExporter(wandb.run)])`` hands it every
+step from its writer thread after the step is stored, with the alerts the online detector raised at it; the
+training loop never waits on W&B.
 
 What is logged (all under the ``lld/`` prefix, so nothing collides with the trainer's own keys):
 - ``lld/<signal>`` for every step signal and extra scalar of the step, against the x-axis ``lld/step``
@@ -12,7 +13,7 @@ What is logged (all under the ``lld/`` prefix, so nothing collides with the trai
 - with ``notify=True``: ``run.alert(...)`` for critical alerts (W&B e-mail / Slack), at most one per
   ``notify_every_s`` seconds.
 
-`import-wandb` maps ``lld/<signal>`` straight back onto the store's step signals (mapping.py).
+`import-wandb` maps ``lld/<signal>`` straight back onto the store's step signals (`signals.map_row`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lld_monitor.signals import EXPORT_PREFIX
+from lld_monitor.sinks import StepEvent
 from lld_monitor.store.schema import ALERT_COLUMNS, PHASES, alert_record
 
 log = logging.getLogger(__name__)
@@ -107,9 +109,12 @@ class WandbExporter:
         except Exception:  # noqa: BLE001
             log.warning("wandb run.alert failed", exc_info=True)
 
-    # RunLogger also accepts a plain callable
-    def __call__(self, step: int, signals: Mapping[str, float], alerts: Iterable[Any] | None = None) -> None:
-        self.log_step(step, signals, alerts)
+    # ---------------------------------------------------------------- as a RunLogger sink
+    def on_step(self, event: StepEvent) -> None:
+        self.log_step(event.step, event.signals, event.alerts)
+
+    def on_close(self, status: str) -> None:
+        return None
 
 
 __all__ = ["WandbExporter", "PREFIX"]

@@ -26,8 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lld_monitor.integrations.to_store import ImportResult, ImportSpec, write_run
-from lld_monitor.integrations.wandb_offline import WandbRunData, read_offline_runs
+from .write_run import ImportResult, ImportSpec, write_run
+from .offline_file import WandbRunData, read_offline_runs
 
 log = logging.getLogger(__name__)
 
