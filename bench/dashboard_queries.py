@@ -25,7 +25,7 @@ from bench.synth_store import SynthConfig, write_run  # noqa: E402
 from lld_monitor.store import open_store_reader  # noqa: E402
 from lld_monitor.ui import figures, phases  # noqa: E402
 from lld_monitor.ui import queries as q  # noqa: E402
-from lld_monitor.ui import signals as sig  # noqa: E402
+from lld_monitor.ui import series as sig  # noqa: E402
 
 GOALS_MS = {"live health (overview), refresh": 150.0, "token inspector (new step picked)": 300.0,
             "post-mortem (warm detector), drawn before its onsets": 300.0}

@@ -101,7 +101,7 @@ def data_timings(store: Path, reps: int, with_cache: bool) -> dict[str, float | 
 
     from lld_monitor.store import open_store_reader
     from lld_monitor.ui import figures, queries
-    from lld_monitor.ui import phases as ph
+    from lld_monitor.ui import phase_bands as ph
 
     logging.getLogger("lld_monitor").setLevel(logging.ERROR)
     with open_store_reader(store) as r0:
@@ -154,7 +154,7 @@ def _uncheckpointed(store: Path, rid: str, row: dict, reps: int) -> dict[str, fl
     """An imported / older run: no usable checkpoint. The first load replays it (and caches the result beside the
     run); the next reader restores the cache. The run's own checkpoints are hidden from the reader."""
     from lld_monitor.store import open_store_reader
-    from lld_monitor.ui import phases as ph
+    from lld_monitor.ui import phase_bands as ph
     from lld_monitor.ui import queries
 
     cache_dir = store / "runs" / rid / "detector_cache"

@@ -30,7 +30,7 @@ def worker(store: Path, reps: int) -> dict[str, float]:
     import pandas as pd
 
     from lld_monitor.store import open_store_reader
-    from lld_monitor.ui import phases
+    from lld_monitor.ui import phase_bands as phases
     from lld_monitor.ui import queries as q
 
     with open_store_reader(store) as r0:

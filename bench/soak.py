@@ -92,7 +92,7 @@ def trainer(store: str, seconds: float, progress_every: int, gap_s: float) -> in
 def reader(store: str, poll_s: float) -> int:
     """Poll like the dashboard until the run finishes; prints one JSON line per poll batch and a summary."""
     from lld_monitor.store import open_store_reader
-    from lld_monitor.ui import phases as ph
+    from lld_monitor.ui import phase_bands as ph
     from lld_monitor.ui import queries as q
 
     while not (Path(store) / "store.json").exists():

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default=str(ROOT / "sample_runs"), help="store to copy (default: sample_runs/)")
     args = ap.parse_args(argv)
     from lld_monitor.commands.serve import wait_ready
-    from lld_monitor.whatif.cache import DERIVED_DIR
+    from lld_monitor.counterfactual.cache import DERIVED_DIR
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

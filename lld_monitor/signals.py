@@ -8,7 +8,7 @@ Who derives what from here:
 - the store's `schema.STEP_SIGNALS` are the rows with ``stored=True``, in this order;
 - the W&B importer (`map_row` below, used by `integrations.wandb`) copies into `steps` only *exact* external keys
   (`import_sources`): a stored column always means exactly what its row says;
-- the detector (`detect.signals`) and the dashboard (`ui.signals`) rank candidates with the same
+- the detector (`detect.signal_sources`) and the dashboard (`ui.series`) rank candidates with the same
   function (`candidates`): the column itself, then its exact keys, then its proxies. The dashboard
   draws exact keys only under a canonical name; a proxy stays visible under its own key.
 

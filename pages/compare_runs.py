@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from lld_monitor.ui import figures, pairing, queries, whatif_panel, widgets
-from lld_monitor.ui import phases as ph
-from lld_monitor.ui import signals as sig
+from lld_monitor.ui import counterfactual_panel, figures, pairing, queries, widgets
+from lld_monitor.ui import phase_bands as ph
+from lld_monitor.ui import series as sig
 
 ctx = widgets.current()
 st.title("Compare runs")
@@ -67,7 +67,7 @@ if widgets.require_run(ctx):
         st.download_button("Download these series (CSV)", queries.to_csv_bytes(figures.compare_table(
             {names[r]: frames[r] for r in shown}, chosen)), file_name="compare.csv", mime="text/csv",
             key="cmp_csv", on_click="ignore", icon=":material/download:")
-        whatif_panel.compare_panel(ctx, runs, shown, names)
+        counterfactual_panel.compare_panel(ctx, runs, shown, names)
 
         st.subheader("Differences at chosen steps")
         last = [int(f["step"].max()) for f in frames.values() if len(f)]

@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from lld_monitor.ui import figures, pairing, queries, whatif_panel, widgets
-from lld_monitor.ui import phases as ph
+from lld_monitor.ui import counterfactual_panel, figures, pairing, queries, widgets
+from lld_monitor.ui import phase_bands as ph
 
 ctx = widgets.current()
 st.title("Live health")
@@ -72,4 +72,4 @@ if widgets.require_run(ctx):
             st.rerun()  # the run ended: redraw the page once without the refresh timer
 
     live_panel()
-    whatif_panel.live_health_panel(ctx)
+    counterfactual_panel.live_health_panel(ctx)

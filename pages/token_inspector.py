@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from lld_monitor.ui import figures, tokens, whatif_panel, widgets
+from lld_monitor.ui import counterfactual_panel, figures, tokens, widgets
 
 ctx = widgets.current()
 st.title("Token inspector")
@@ -85,7 +85,7 @@ if widgets.require_run(ctx):
         m[4].metric("Tool tokens (unscored)", summary["tool"])
         if isinstance(row.get("question"), str) and row.get("question"):
             st.text(f"Question: {row['question']}\nGold: {row.get('gold') or '—'}")  # plain text: no markup from data
-        outline = whatif_panel.token_outline(ctx, step, pick, row.get("advantage")) if not one.tokens.empty else None
+        outline = counterfactual_panel.token_outline(ctx, step, pick, row.get("advantage")) if not one.tokens.empty else None
         if one.tokens.empty:
             st.info("No tokens were stored for this sample (token logging is sampled): pick one listed first, "
                     "those have tokens.")

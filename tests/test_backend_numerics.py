@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from lld_monitor.backend import ckernels, elementwise
-from lld_monitor.backend.numerics import NumericsError, numpy_avx512_targets
+from lld_monitor.backend.elementwise import UnpinnedOperatorError
+from lld_monitor.backend.numerics import numpy_avx512_targets
 from lld_monitor.backend.retriever import BM25Retriever, _ln
 from lld_monitor.backend.world import Document
 
@@ -86,7 +87,7 @@ def test_autograd_variants_and_dtypes_through_the_override(pinned_math):
 
 @needs_kernel
 def test_other_vml_operators_are_refused_and_uninstall_restores_aten(pinned_math):
-    with pytest.raises(NumericsError, match="torch.tanh is not part of pinned numerics"):
+    with pytest.raises(UnpinnedOperatorError, match="torch.tanh is not part of pinned numerics"):
         torch.tanh(torch.tensor([1.0]))
     elementwise.uninstall()
     assert not elementwise.installed()

@@ -143,7 +143,7 @@ def _serve(store: Path):
 
 def _check_story(shots: dict, where: str) -> None:
     """What a newcomer must see on every page and screen size."""
-    from lld_monitor.ui.phases import phase_short
+    from lld_monitor.ui.phase_bands import phase_short
 
     for key, r in shots.items():
         assert r["exceptions"] == 0 and r["not_found"] == 0, (where, key, r["texts"], r["url"])

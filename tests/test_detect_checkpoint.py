@@ -18,7 +18,7 @@ from lld_monitor.logger import LoggerOptions, RunLogger
 from lld_monitor.store import RunWriter, open_store_reader
 from lld_monitor.store.detector_cache import cache_files
 from lld_monitor.store.schema import STEP_SIGNALS
-from lld_monitor.ui import phases as ph
+from lld_monitor.ui import phase_bands as ph
 from lld_monitor.ui import queries as q
 
 SPEC = SpiralSpec(steps=1200, rise_end=30, decay_start=300, accel_start=900, collapse_start=1000, seed=3)

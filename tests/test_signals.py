@@ -12,9 +12,9 @@ import pytest
 
 from lld_monitor import signals as mapping
 from lld_monitor import signals as registry
-from lld_monitor.detect.signals import SIGNAL_CANDIDATES
+from lld_monitor.detect.signal_sources import SIGNAL_CANDIDATES
 from lld_monitor.store import schema
-from lld_monitor.ui import signals as ui
+from lld_monitor.ui import series as ui
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 from bench.synth_store import write_pair  # noqa: E402
 from lld_monitor.commands import serve  # noqa: E402
 from lld_monitor.ui import figures, queries, widgets  # noqa: E402
-from lld_monitor.ui import phases as ph  # noqa: E402
+from lld_monitor.ui import phase_bands as ph  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ def test_dashboard_runs_every_page_without_torch(tmp_path):
         from bench.synth_store import SynthConfig, write_run
         write_run({str(tmp_path / 's')!r}, SynthConfig(steps=30, token_every=5, flush_every=10))
         import lld_monitor.ui.figures, lld_monitor.ui.queries, lld_monitor.ui.widgets, lld_monitor.ui.tokens
-        import lld_monitor.ui.pairing, lld_monitor.ui.phases, lld_monitor.commands.serve, lld_monitor.commands.demo
+        import lld_monitor.ui.pairing, lld_monitor.ui.phase_bands, lld_monitor.commands.serve, lld_monitor.commands.demo
         from streamlit.testing.v1 import AppTest
         at = AppTest.from_file({str(ROOT / 'app.py')!r}, default_timeout=90)
         at.session_state["store_path"] = {str(tmp_path / 's')!r}

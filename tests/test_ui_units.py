@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from lld_monitor.ui import figures, pairing, phases, tokens
-from lld_monitor.ui import signals as sig
+from lld_monitor.ui import series as sig
 
 
 def _signals(n=50):

@@ -24,9 +24,9 @@ import torch
 
 from lld_monitor import lld
 from lld_monitor.cli import main
+from lld_monitor.counterfactual import cache as wc
+from lld_monitor.counterfactual import evaluate as compute
 from lld_monitor.store import RunWriter, open_store_reader
-from lld_monitor.whatif import cache as wc
-from lld_monitor.whatif import compute
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RUNS = ROOT / "sample_runs"
@@ -215,8 +215,8 @@ def test_reading_the_cache_needs_no_torch(tmp_path, capsys):
     code = (
         "import sys\n"
         "from lld_monitor.store import open_store_reader\n"
-        "from lld_monitor.whatif import cache as wc\n"
-        "import lld_monitor.ui.whatif as uw\n"
+        "from lld_monitor.counterfactual import cache as wc\n"
+        "import lld_monitor.ui.counterfactual as uw\n"
         f"r = open_store_reader({str(tmp_path)!r})\n"
         f"c = wc.read_cache({str(tmp_path)!r}, {doc['run_id']!r}, wc.settings())\n"
         f"assert c.fresh_for(wc.token_row_counts(r, {doc['run_id']!r}))\n"
@@ -375,7 +375,7 @@ def test_vanilla_sample_run_llds_would_have_acted(sample_store, capsys):
 
 def test_dashboard_view_states(tmp_path, capsys):
     """The dashboard's view of the cache: missing, ready, stale once the run logs another step (torch-free side)."""
-    from lld_monitor.ui import whatif as uw
+    from lld_monitor.ui import counterfactual as uw
 
     w = _write_hand_run(tmp_path, finish=False)
     cfg = wc.settings()

@@ -18,9 +18,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from lld_monitor.cli import main
+from lld_monitor.counterfactual import cache as wc
 from lld_monitor.store import RunWriter, open_store_reader
-from lld_monitor.ui import whatif_panel
-from lld_monitor.whatif import cache as wc
+from lld_monitor.ui import counterfactual_panel
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -76,8 +76,8 @@ def _positive_values(fig: go.Figure, name_part: str) -> np.ndarray:
 
 
 def _wait_for_job(store_path: Path, run_id: str, timeout: float = 180.0) -> None:
-    key = whatif_panel._job_key(str(store_path), run_id, wc.settings())
-    entry = whatif_panel._jobs().get(key)
+    key = counterfactual_panel._job_key(str(store_path), run_id, wc.settings())
+    entry = counterfactual_panel._jobs().get(key)
     assert entry is not None, "opening the panel did not start `lld-monitor whatif`"
     t0 = time.monotonic()
     while entry["job"].running and time.monotonic() - t0 < timeout:
@@ -141,4 +141,4 @@ def test_run_without_tokens_explains_and_starts_nothing(store):
     at.toggle(key="live_whatif").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("no token rows" in str(i.value) and "logp_new" in str(i.value) for i in at.info)
-    assert whatif_panel._jobs().get(whatif_panel._job_key(str(path), ids["imported"], wc.settings())) is None
+    assert counterfactual_panel._jobs().get(counterfactual_panel._job_key(str(path), ids["imported"], wc.settings())) is None

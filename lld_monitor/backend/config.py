@@ -13,6 +13,7 @@ Unknown keys are an error (a typo must not silently train something else).
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -205,8 +206,6 @@ def load_config(path: str | Path | None, **overrides) -> TrainConfig:
             raise FileNotFoundError(f"config file not found: {p}")
         text = p.read_text(encoding="utf-8")
         if p.suffix.lower() == ".toml":
-            import tomllib
-
             data = tomllib.loads(text)
         else:
             try:

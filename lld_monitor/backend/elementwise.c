@@ -15,6 +15,7 @@
  * are within a few units in the last place. sin and cos reduce their argument with a three-part pi/2:
  * accurate for |x| < 1e6 (rotary embeddings use |x| < 1e5), still a fixed function of x beyond.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -23,6 +24,27 @@ static inline uint64_t double_to_bits(double d) { uint64_t u; memcpy(&u, &d, siz
 
 /* round-to-nearest-even of |t| < 2^51, as a double, by the add/subtract of 1.5 * 2^52 */
 static inline double nearest(double t) { return (t + 0x1.8p52) - 0x1.8p52; }
+
+/* p(x) = c[0] x^(n-1) + ... + c[n-1], by Horner's rule in this order (one multiply, one add per step) */
+static inline double horner(const double *c, size_t n, double x) {
+    double p = c[0];
+    for (size_t i = 1; i < n; i++) p = p * x + c[i];
+    return p;
+}
+
+/* exp(r) for |r| <= 0.3466: its Taylor series to r^13 / 13! (the remainder is below 1e-17 relative) */
+static const double EXP_COEFS[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                   1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
+                                   1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
+/* log(m) = 2 s + 2 s z q(z), s = (m - 1) / (m + 1), z = s^2: q(z) = 1/3 + z/5 + ... + z^10/23 */
+static const double LOG_COEFS[] = {1.0 / 23.0, 1.0 / 21.0, 1.0 / 19.0, 1.0 / 17.0, 1.0 / 15.0, 1.0 / 13.0,
+                                   1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0};
+/* sin(r) = r - r z p(z) and cos(r) = 1 - z p(z), z = r^2, |r| <= pi/4: Taylor to r^17/17! and r^18/18! */
+static const double SIN_COEFS[] = {-1.0 / 355687428096000.0, 1.0 / 1307674368000.0, -1.0 / 6227020800.0,
+                                   1.0 / 39916800.0, -1.0 / 362880.0, 1.0 / 5040.0, -1.0 / 120.0, 1.0 / 6.0};
+static const double COS_COEFS[] = {1.0 / 6402373705728000.0, -1.0 / 20922789888000.0, 1.0 / 87178291200.0,
+                                   -1.0 / 479001600.0, 1.0 / 3628800.0, -1.0 / 40320.0, 1.0 / 720.0, -1.0 / 24.0,
+                                   0.5};
 
 /* ln 2 split so that k * LN2_HI is exact for |k| < 2^20 (fdlibm's constants) */
 static const double LN2_HI = 6.93147180369123816490e-01, LN2_LO = 1.90821492927058770002e-10;
@@ -34,21 +56,7 @@ static double exp_d(double x) {
     if (x < -745.2) return 0.0;
     double kd = nearest(x * INV_LN2);
     double r = (x - kd * LN2_HI) - kd * LN2_LO; /* |r| <= 0.3466 */
-    /* Taylor series to r^13 / 13!: the remainder is below 1e-17 relative */
-    double p = 1.0 / 6227020800.0;
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    double p = horner(EXP_COEFS, sizeof EXP_COEFS / sizeof EXP_COEFS[0], r);
     int64_t k = (int64_t)kd;
     if (k > 1000) return (p * bits_to_double((uint64_t)(k - 1000 + 1023) << 52)) * 0x1p1000;
     if (k < -1000) return (p * bits_to_double((uint64_t)(k + 1000 + 1023) << 52)) * 0x1p-1000;
@@ -69,17 +77,7 @@ static double log_d(double x) {
     double f = m - 1.0;
     double s = f / (2.0 + f); /* log(m) = 2 atanh(s), |s| <= 0.1716 */
     double z = s * s;
-    double q = 1.0 / 23.0;
-    q = q * z + 1.0 / 21.0;
-    q = q * z + 1.0 / 19.0;
-    q = q * z + 1.0 / 17.0;
-    q = q * z + 1.0 / 15.0;
-    q = q * z + 1.0 / 13.0;
-    q = q * z + 1.0 / 11.0;
-    q = q * z + 1.0 / 9.0;
-    q = q * z + 1.0 / 7.0;
-    q = q * z + 1.0 / 5.0;
-    q = q * z + 1.0 / 3.0;
+    double q = horner(LOG_COEFS, sizeof LOG_COEFS / sizeof LOG_COEFS[0], z);
     double logm = 2.0 * s + 2.0 * s * (z * q);
     double ed = (double)e;
     return ed * LN2_HI + (ed * LN2_LO + logm);
@@ -89,30 +87,15 @@ static double log_d(double x) {
 static const double PIO2_1 = 1.57079632673412561417e+00, PIO2_2 = 6.07710050630396597660e-11,
                     PIO2_3 = 2.02226624871116645580e-21, INV_PIO2 = 6.36619772367581382433e-01;
 
-static inline double sin_poly(double r) { /* |r| <= pi/4, Taylor to r^17 / 17! */
+static inline double sin_poly(double r) {
     double z = r * r;
-    double p = -1.0 / 355687428096000.0;
-    p = p * z + 1.0 / 1307674368000.0;
-    p = p * z - 1.0 / 6227020800.0;
-    p = p * z + 1.0 / 39916800.0;
-    p = p * z - 1.0 / 362880.0;
-    p = p * z + 1.0 / 5040.0;
-    p = p * z - 1.0 / 120.0;
-    p = p * z + 1.0 / 6.0;
+    double p = horner(SIN_COEFS, sizeof SIN_COEFS / sizeof SIN_COEFS[0], z);
     return r - r * (z * p);
 }
 
-static inline double cos_poly(double r) { /* |r| <= pi/4, Taylor to r^18 / 18! */
+static inline double cos_poly(double r) {
     double z = r * r;
-    double p = 1.0 / 6402373705728000.0;
-    p = p * z - 1.0 / 20922789888000.0;
-    p = p * z + 1.0 / 87178291200.0;
-    p = p * z - 1.0 / 479001600.0;
-    p = p * z + 1.0 / 3628800.0;
-    p = p * z - 1.0 / 40320.0;
-    p = p * z + 1.0 / 720.0;
-    p = p * z - 1.0 / 24.0;
-    p = p * z + 0.5;
+    double p = horner(COS_COEFS, sizeof COS_COEFS / sizeof COS_COEFS[0], z);
     return 1.0 - z * p;
 }
 

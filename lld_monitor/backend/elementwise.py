@@ -10,7 +10,7 @@ their bits depended on the CPU (docs/backend.md, "Reproducibility").
 `install()` registers this module's kernels as ATen's CPU kernels of those operators for the rest of the
 process (`torch.library`), so every caller (lld.py, AdamW, the model, autograd's own formulas) gets them
 without a code path of its own; `uninstall()` restores ATen's. The operators of the list above that have no
-kernel here raise `NumericsError` while installed: a pinned run must not reach VML by a new code path
+kernel here raise `UnpinnedOperatorError` while installed: a pinned run must not reach VML by a new code path
 unnoticed. Integer inputs are promoted to the default float dtype, as ATen does; bfloat16 and float16 are
 computed in float32 and rounded back; complex inputs are refused.
 """
@@ -23,7 +23,6 @@ import warnings
 import torch
 
 from .ckernels import ELEMENTWISE, lib
-from .numerics import NumericsError
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +33,13 @@ REFUSED = ("tan", "tanh", "erf", "erfc", "erfinv", "acos", "asin", "atan", "log2
 _library: torch.library.Library | None = None
 
 
+class UnpinnedOperatorError(RuntimeError):
+    """A pinned run reached an operator whose ATen kernel depends on the CPU, or an input it cannot compute."""
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     if x.is_complex():
-        raise NumericsError(f"pinned numerics compute real float tensors only; got a {x.dtype} input")
+        raise UnpinnedOperatorError(f"pinned numerics compute real float tensors only; got a {x.dtype} input")
     if x.dtype in (torch.float32, torch.float64):
         return x.dtype
     return torch.float32 if x.is_floating_point() else torch.get_default_dtype()
@@ -69,7 +72,7 @@ def _kernels(name: str):
 
 def _refusal(name: str):
     def refuse(*args, **kwargs):
-        raise NumericsError(
+        raise UnpinnedOperatorError(
             f"torch.{name} is not part of pinned numerics: ATen computes it with MKL's VML, whose results depend on "
             f"the CPU (docs/backend.md, 'Reproducibility'). Give it a kernel in lld_monitor/backend/elementwise.c, "
             f"or train with numerics 'native'")

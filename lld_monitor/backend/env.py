@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import torch
+
 from lld_monitor.roles import ROLE_ACTION, ROLE_TOOL
 
 from .config import EnvConfig
@@ -123,8 +125,6 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 def rollout(model, tokenizer, prompts: Sequence[str], retriever: Retriever, cfg: EnvConfig, generator=None) -> Rollout:
     """Roll out one episode per prompt with the current policy (sampling at `cfg.temperature`)."""
-    import torch
-
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     stop = _StopDetector(tokenizer)
@@ -252,8 +252,6 @@ def pack_sequences(tokenizer, prompts: Sequence[str], segments: Sequence[Sequenc
 
     `segments[i]` is the response of prompt i as (text, role) pieces. Returns (input_ids,
     attention_mask, prompt_width, response_ids, response_mask, role)."""
-    import torch
-
     pad = tokenizer.pad_token_id
     enc = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     P = max(len(e) for e in enc)

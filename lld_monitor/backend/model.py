@@ -10,15 +10,19 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+
+from lld_monitor import lld
+
 from .config import ModelConfig
+from .tinylm import TinyLM, TinyLMShape
 
 log = logging.getLogger(__name__)
 
 
 def build_model(cfg: ModelConfig, tokenizer, seed: int = 0, fixed_matmul: bool = False):
     """A freshly initialised TinyLM of this shape for `tokenizer`'s vocabulary."""
-    from .tinylm import TinyLM, TinyLMShape
-
     shape = TinyLMShape(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads, intermediate_size=cfg.intermediate_size, max_positions=cfg.max_positions,
@@ -31,6 +35,7 @@ def build_model(cfg: ModelConfig, tokenizer, seed: int = 0, fixed_matmul: bool =
 
 def load_model(path: str | Path, device: str = "cpu"):
     """Load a local Hugging Face causal LM and its tokenizer (nothing is downloaded)."""
+    # here, not at the top: transformers takes ~2 s to import, and only a --model PATH run needs it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     p = Path(path)
@@ -59,12 +64,6 @@ def forward_logprobs(model, input_ids, attention_mask, prompt_width: int, temper
     together (`length_buckets`) so that little is spent on padding; a row's values do not depend on the
     rows it is batched with.
     """
-    import torch
-
-    from lld_monitor import lld
-
-    from .tinylm import TinyLM
-
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     targets = input_ids[:, prompt_width:]
     if not isinstance(_unwrap(model), TinyLM):
@@ -94,8 +93,6 @@ def forward_logprobs(model, input_ids, attention_mask, prompt_width: int, temper
 
 
 def _pad_to(mask, width: int):
-    import torch.nn.functional as F
-
     return F.pad(mask, (0, width - mask.shape[1]))
 
 
@@ -123,8 +120,6 @@ class HFDecoder:
         self.n_real = None
 
     def _run(self, tokens, mask_new, positions):
-        import torch
-
         self.mask = mask_new if self.mask is None else torch.cat([self.mask, mask_new], dim=1)
         out = self.model(input_ids=tokens, attention_mask=self.mask, position_ids=positions, cache=self.cache,
                          use_cache=True)
@@ -132,16 +127,12 @@ class HFDecoder:
         return out.logits
 
     def start(self, input_ids, attention_mask):
-        import torch
-
         with torch.no_grad():
             mask = attention_mask.long()
             self.n_real = mask.sum(-1)
             return self._run(input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))[:, -1]
 
     def feed(self, rows, tokens, counts):
-        import torch
-
         with torch.no_grad():
             n_all = self.mask.shape[0]
             idx = torch.arange(n_all) if rows is None else rows

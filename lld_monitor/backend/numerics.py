@@ -56,7 +56,7 @@ def pinned_in_effect() -> bool:
         return False
     if "torch" not in sys.modules:
         return True  # they will be when it loads
-    import torch
+    import torch  # already loaded (checked above): this module itself never loads it
 
     # ATen read ATEN_CPU_CAPABILITY at load; AVX2 is also what a CPU without AVX-512 runs anyway
     return torch.backends.cpu.get_cpu_capability() == "AVX2"

@@ -23,6 +23,7 @@ from pathlib import Path
 UNINITIALIZED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "set_"}
 
 
+# torch and the CLI are imported inside the functions: `record` pins the numerics environment first
 def _sha(t) -> str | None:
     import torch
 

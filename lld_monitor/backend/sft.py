@@ -23,16 +23,23 @@ import random
 import shutil
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
+
+import torch
+from tqdm import tqdm
 
 from lld_monitor.files import exclusive_lock, user_cache_dir
 from lld_monitor.roles import ROLE_ACTION, ROLE_TOOL
 
+from . import numerics as numerics_
+from .adamw import AdamW
 from .config import EnvConfig, ModelConfig, SFTConfig
 from .env import format_prompt, observation_text, pack_sequences
 from .model import build_model
 from .retriever import BM25Retriever
-from .tokenizer import build_tokenizer
+from .tinylm import TinyLM
+from .tokenizer import build_tokenizer, load_tokenizer
 from .world import World, WorldConfig, build_world
 
 log = logging.getLogger(__name__)
@@ -53,8 +60,6 @@ def _key_part(section: str, values: dict) -> dict:
 
 
 def cache_key(world: WorldConfig, model: ModelConfig, sft: SFTConfig, env: EnvConfig, numerics: str = "pinned") -> str:
-    from importlib.metadata import version
-
     env_part = {k: v for k, v in env.to_dict().items() if k in ("topk", "max_obs_words", "prompt_template")}
     key = {
         "version": WARMSTART_VERSION,
@@ -108,8 +113,6 @@ def demonstrations(world: World, retriever: BM25Retriever, env: EnvConfig, cfg: 
 def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, out_dir: Path,
                     numerics: str = "pinned"):
     """Train the warm-start checkpoint and save it (model + tokenizer) to `out_dir`."""
-    import torch
-
     t0 = time.time()
     threads = torch.get_num_threads()
     if numerics == "pinned":
@@ -122,11 +125,6 @@ def train_warmstart(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: E
 
 def _train(world: World, model_cfg: ModelConfig, sft: SFTConfig, env: EnvConfig, out_dir: Path, numerics: str,
            t0: float):
-    import torch
-    from tqdm import tqdm
-
-    from .adamw import AdamW
-
     torch.manual_seed(sft.seed)
     tok = build_tokenizer(world.texts())
     model = build_model(model_cfg, tok, seed=sft.seed, fixed_matmul=numerics == "pinned")
@@ -171,10 +169,6 @@ def warmstart(world_cfg: WorldConfig, model_cfg: ModelConfig, sft: SFTConfig, en
 
     The model is a `TinyLM` computing with `numerics` (backend/numerics.py); the checkpoint is a Hugging
     Face model directory either way."""
-    from . import numerics as numerics_
-    from .tinylm import TinyLM
-    from .tokenizer import load_tokenizer
-
     numerics_.require(numerics)
     key = cache_key(world_cfg, model_cfg, sft, env, numerics)
     # a checkpoint trained with pinned numerics (the shipped ones) serves native runs too: loading is exact

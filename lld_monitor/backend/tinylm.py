@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from . import matmul as fixed
@@ -195,8 +196,6 @@ class TinyLM(nn.Module):
 
     def save_pretrained(self, out_dir: str | Path) -> None:
         """A Hugging Face model directory (config.json + model.safetensors) that Qwen2ForCausalLM loads."""
-        from safetensors.torch import save_file
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(hf_config(self.shape), indent=2) + "\n", encoding="utf-8")
@@ -204,8 +203,6 @@ class TinyLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, fixed_matmul: bool = False) -> TinyLM:
-        from safetensors.torch import load_file
-
         p = Path(path)
         shape = shape_from_hf_config(json.loads((p / "config.json").read_text(encoding="utf-8")))
         model = cls(shape, fixed_matmul=fixed_matmul)

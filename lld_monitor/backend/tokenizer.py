@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 PAD, UNK, EOS = "[PAD]", "[UNK]", "[EOS]"
 TAGS = ("<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
 # words the environment itself writes (prompt header, invalid-action message, observation format)
@@ -19,8 +21,6 @@ ENV_WORDS = ("question", ":", "doc", "no", "results", ".", "invalid", "action", 
 
 
 def build_tokenizer(texts: Iterable[str], extra: Iterable[str] = ()) -> WordTokenizer:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     words: set[str] = set(ENV_WORDS) | set(extra)
     for t in texts:
         words.update(t.split())
@@ -70,8 +70,6 @@ class WordTokenizer:
 
     @classmethod
     def from_pretrained(cls, path) -> WordTokenizer:
-        from tokenizers import Tokenizer
-
         return cls(Tokenizer.from_file(str(Path(path) / "tokenizer.json")))
 
 

@@ -4,7 +4,7 @@ For each token-logged step, `lld.llds_loss` (the trainer's own function) evaluat
 logp = logp_new (π after the step's updates), logp_old, the samples' advantages, action mask = action and
 answer tokens. That is the penalty LLDS would have measured at the end of the step on the logged groups,
 not a replay of training (docs/lld.md). The result is cached beside the run for the dashboard
-(lld_monitor/whatif/cache.py); a second call only computes steps logged since.
+(lld_monitor/counterfactual/cache.py); a second call only computes steps logged since.
 
 `--json` prints the public contract (fields may be added, never renamed):
 {"run": NAME, "config": {lam, gate, norm, answer_weight, adaptive_beta, v_base},
@@ -21,7 +21,7 @@ import math
 import sys
 from typing import Any
 
-from lld_monitor.whatif.cache import DEFAULT_SETTINGS, GATES, NORMS
+from lld_monitor.counterfactual.cache import DEFAULT_SETTINGS, GATES, NORMS
 
 HELP = "what LLDS would have done on a run: its penalty per token-logged step, from the stored tokens"
 
@@ -85,7 +85,7 @@ def phase_by_step(signals, steps: list[int]) -> dict[int, str]:
 
 def step_records(steps, lam: float, phases: dict[int, str], logged: dict[int, float]) -> list[dict[str, Any]]:
     """The `steps` entries of the contract (counts as ints; NaN as null)."""
-    from lld_monitor.whatif.cache import with_penalty
+    from lld_monitor.counterfactual.cache import with_penalty
 
     out = []
     for rec in with_penalty(steps, lam).to_dict("records"):
@@ -164,7 +164,7 @@ def phase_summary(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def whatif_document(reader, store: str, run: dict[str, Any], cfg: dict[str, Any], *, progress: bool = False,
                     use_cache: bool = True) -> dict[str, Any]:
     """The `whatif --json` document of one run (computes what the cache lacks and writes it back)."""
-    from lld_monitor.whatif.compute import run_whatif
+    from lld_monitor.counterfactual.evaluate import run_whatif
 
     result = run_whatif(reader, store, run, cfg, progress=progress, use_cache=use_cache)
     steps = [int(s) for s in result.steps["step"]]
@@ -179,8 +179,8 @@ def whatif_document(reader, store: str, run: dict[str, Any], cfg: dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> int:
+    from lld_monitor.counterfactual.cache import WhatIfError, settings
     from lld_monitor.store import RunNotFoundError, StoreError, open_store_reader
-    from lld_monitor.whatif.cache import WhatIfError, settings
 
     if not getattr(args, "verbose", False):
         logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)  # `detect` lists alerts; here only phases

@@ -36,7 +36,7 @@ from .phases import (
     phase_level,
     phase_title,
 )
-from .signals import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
+from .signal_sources import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
 
 __all__ = [
     "CONFIG_ENV",

@@ -38,7 +38,7 @@ from lld_monitor.signals import as_number
 from .config import DetectorConfig, load_detector_config
 from .offline import _prepare, iter_signal_rows
 from .online import Alert, OnlineDetector
-from .signals import KNOWN_COLUMNS
+from .signal_sources import KNOWN_COLUMNS
 
 log = logging.getLogger(__name__)
 

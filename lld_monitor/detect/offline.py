@@ -14,7 +14,7 @@ from lld_monitor.store.schema import ALERT_COLUMNS
 
 from .config import DetectorConfig
 from .online import Alert, DetectionResult, OnlineDetector
-from .signals import KNOWN_COLUMNS, SIGNAL_CANDIDATES
+from .signal_sources import KNOWN_COLUMNS, SIGNAL_CANDIDATES
 
 REWARD_COLUMNS: frozenset[str] = frozenset(
     key for src in registry.detector_candidates("reward")

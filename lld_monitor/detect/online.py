@@ -46,7 +46,7 @@ from .phases import (
     STAGNATION,
     phase_level,
 )
-from .signals import SIGNAL_CANDIDATES, SIGNALS, Candidate, first_present
+from .signal_sources import SIGNAL_CANDIDATES, SIGNALS, Candidate, first_present
 from .stats import fast_median, robust_sigma, theil_sen
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ import pandas as pd
 
 from .config import DetectorConfig
 from .offline import _prepare, reward_collapse_step, reward_decline_step
-from .signals import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
+from .signal_sources import SIGNAL_CANDIDATES, SIGNALS, resolve_columns
 from .stats import MAD_TO_SIGMA
 
 log = logging.getLogger(__name__)

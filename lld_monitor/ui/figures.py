@@ -8,9 +8,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lld_monitor.detect.phases import ACCELERATION, COLLAPSE
-from lld_monitor.ui import signals as sig
+from lld_monitor.ui import series as sig
 from lld_monitor.ui.downsample import MAX_POINTS, m4_indices, window
-from lld_monitor.ui.phases import (
+from lld_monitor.ui.phase_bands import (
     PHASE_COLORS,
     PHASE_SOLID,
     SEVERITY_COLORS,

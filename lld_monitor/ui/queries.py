@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from lld_monitor.ui import phases as ph
-from lld_monitor.ui import signals as sig
+from lld_monitor.ui import phase_bands as ph
+from lld_monitor.ui import series as sig
 
 # ------------------------------------------------------------------ runs / sidebar
 

@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from lld_monitor.store import dashboard_store_path
-from lld_monitor.ui import phases as ph
+from lld_monitor.ui import phase_bands as ph
 from lld_monitor.ui import queries as q
 
 log = logging.getLogger(__name__)

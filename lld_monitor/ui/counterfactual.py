@@ -1,7 +1,7 @@
 """'LLDS would have applied': the counterfactual's data, its subprocess and its figures (no Streamlit, no torch).
 
 The counterfactual needs torch (`lld.llds_loss`), so the dashboard never computes it. It reads what
-`lld-monitor whatif` cached beside the run (`lld_monitor/whatif/cache.py`); when that is missing, or behind
+`lld-monitor whatif` cached beside the run (`lld_monitor/counterfactual/cache.py`); when that is missing, or behind
 the run's token rows (a live run logged more), it starts `lld-monitor whatif` as a subprocess
 (`WhatIfJob`) and reads the result once the command has written it. The command computes only the steps
 the cache lacks, so a live run costs one step's worth per refresh.
@@ -24,9 +24,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lld_monitor.counterfactual import cache as wc
 from lld_monitor.ui import figures
-from lld_monitor.ui.phases import mode_color, mode_label
-from lld_monitor.whatif import cache as wc
+from lld_monitor.ui.phase_bands import mode_color, mode_label
 
 log = logging.getLogger(__name__)
 

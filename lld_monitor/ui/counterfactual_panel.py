@@ -1,6 +1,6 @@
 """Streamlit glue of the 'LLDS would have applied' panels (Live health, Token inspector, Compare runs).
 
-The data and figures are `lld_monitor.ui.whatif`'s (testable without Streamlit); this module keeps the
+The data and figures are `lld_monitor.ui.counterfactual`'s (testable without Streamlit); this module keeps the
 settings in the session, runs one `lld-monitor whatif` subprocess per (store, run, settings) at a time
 (shared by sessions) and polls it until the result is in the cache.
 """
@@ -13,9 +13,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from lld_monitor.ui import whatif as uw
+from lld_monitor.counterfactual import cache as wc
+from lld_monitor.ui import counterfactual as uw
 from lld_monitor.ui import widgets
-from lld_monitor.whatif import cache as wc
 
 SETTINGS_KEY = "_whatif_settings"  # the session's LLDS settings, shared by the three pages
 POLL_S = 1.0

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lld_monitor.counterfactual import cache as wc
 from lld_monitor.roles import ROLE_ACTION, ROLE_ANSWER, ROLES
-from lld_monitor.whatif import cache as wc
 
 log = logging.getLogger(__name__)
 
