@@ -20,13 +20,14 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from lld_monitor.backend.numerics import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # the experiment config issue 28's speed bar was stated on (scripts/spiral_config.json of 2026-12-05)
@@ -40,9 +41,10 @@ def time_steps(cfg, store: str, name: str, n: int) -> list[tuple[float, float]]:
     from dataclasses import replace
 
     from lld_monitor.backend import numerics
+
+    numerics.pin_environment()  # before the trainer (and torch) loads
     from lld_monitor.backend.grpo import Trainer
 
-    numerics.pin_environment()
     cfg = replace(cfg, numerics="pinned" if numerics.pinned_in_effect() else "native")
     tr = Trainer(cfg, store, name, progress=False)
     times: list[tuple[float, float]] = []
@@ -56,16 +58,6 @@ def time_steps(cfg, store: str, name: str, n: int) -> list[tuple[float, float]]:
     last[0], last[1] = time.perf_counter(), time.process_time()
     tr.train(steps=n + 1, on_step=on_step)
     return times[1:]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def one_run(label: str, src: Path, config: Path, steps: int, seed: int, numerics: str | None) -> dict:

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from lld_monitor.backend.numerics import cpu_model
+
 
 @dataclass
 class Figure:
@@ -87,14 +89,7 @@ def machine() -> dict:
         info["memory_gib"] = round(kb / 2**20, 1)
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    info["cpu_model"] = cpu_model()
     try:
         info["loadavg_at_start"] = os.getloadavg()[0]
     except OSError:

@@ -30,20 +30,13 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from lld_monitor.backend.numerics import cpu_model  # noqa: E402
+
 GOLDEN = ROOT / "tests" / "golden_fingerprint.json"
 GOLDEN_STEPS = ROOT / "tests" / "golden_fingerprint_steps.json"
 STEPS = 20
 MODES = ("vanilla", "llds")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def config_digest(config: Path) -> str:

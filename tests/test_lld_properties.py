@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -278,3 +279,78 @@ def test_token_mean_option_reproduces_official_code(batch, lam, chunk, ma, v_mea
         cfg = LLDSConfig(lam=lam, gate=gate, norm="token_mean", answer_weight=min(answer_lambda, lam) / lam)
     loss, _ = llds_loss(new, old, adv, mask, cfg, answer_mask=answer, valid_searches_mean=v_mean)
     assert math.isclose(cfg.lam * loss.item(), ref, rel_tol=1e-5, abs_tol=1e-7), (cfg, loss.item(), ref)
+
+
+# ---------------------------------------------------------------------------------------------- the authors' code
+def dp_actor_llds(new, old, mask, adv, answer, lam, chunk, mask_weight):
+    """The LLDS term as the authors' `dp_actor.py` computes it, in torch ops (paper.md §4.1): d = old − new,
+    base = torch.maximum(d, 0); the advantage's sign read per token (A tiled over the response); chunks of
+    response_mask·[A≥0] summed (A-gate) or the response's signed sum (R-gate), active when > 0; coeff = λ off the
+    answer span and min(mask_weight, λ) on it; loss = Σ penalty / Σ response_mask (λ folded in)."""
+    m = mask.float()
+    adv_tok = adv.unsqueeze(1).expand_as(new)
+    keep = m * (adv_tok >= 0).float()
+    d = torch.where(mask, old - new, torch.zeros_like(new))
+    base = torch.maximum(d, torch.zeros_like(d))
+    if chunk:
+        run = action_index(keep.bool())
+        n_runs = int(run.max()) + 1 if run.numel() and run.max() >= 0 else 0
+        sums = torch.zeros(new.shape[0], max(n_runs, 1)).scatter_add(1, run.clamp(min=0), d * keep)
+        flag = torch.where(run >= 0, sums.gather(1, run.clamp(min=0)) > 0, torch.zeros_like(keep, dtype=torch.bool))
+    else:
+        flag = ((d * keep).sum(-1, keepdim=True) > 0).expand_as(keep)
+    coeff = torch.where(answer, torch.full_like(m, min(mask_weight, lam)), torch.full_like(m, lam))
+    return (flag.float() * keep * base * coeff).sum() / m.sum().clamp(min=1)
+
+
+def _random_case(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    b, t = 6, 20
+    mask = torch.rand(b, t, generator=gen) < 0.8
+    old = -torch.rand(b, t, generator=gen) * 3
+    new = old + torch.randn(b, t, generator=gen) * 0.3
+    adv = torch.randn(b, generator=gen)
+    answer = (torch.rand(b, t, generator=gen) < 0.2) & mask
+    return new, old, mask, adv, answer
+
+
+def test_the_authors_llds_term_and_ours_agree_on_random_batches():
+    """40 random batches (A-gate and R-gate, with and without the answer span's own coefficient β ≤ 1): our
+    `llds_loss` with norm="token_mean" against the torch oracle of their `dp_actor.py`."""
+    worst = 0.0
+    for seed in range(40):
+        new, old, mask, adv, answer = _random_case(seed)
+        chunk = seed % 2 == 0
+        lam, beta = 0.2, (0.5 if seed % 4 < 2 else 1.0)
+        ours, _ = llds_loss(new, old, adv, mask, LLDSConfig(lam=lam, gate="action" if chunk else "response",
+                                                             norm="token_mean", answer_weight=beta),
+                            answer_mask=answer)
+        theirs = dp_actor_llds(new, old, mask, adv, answer, lam, chunk, mask_weight=beta * lam)
+        worst = max(worst, abs(lam * ours.item() - theirs.item()))
+    print(f"\nlargest |ours - theirs| over 40 random batches: {worst:.3g}")
+    assert worst < 1e-7
+
+
+def test_where_the_authors_code_and_ours_differ():
+    """What docs/lld.md lists: at d = 0 exactly their torch.maximum splits the gradient (half each way), our relu
+    gives none; their answer coefficient is capped at λ, ours takes β > 1; they read the advantage's sign per
+    token, we per response (the same while the loss mask lies inside the attention mask)."""
+    # 1. d = 0 on one scored token: the gradient of their term is -½·coeff/N there, ours 0
+    new = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1.5]])  # d = 0 on token 0, d = 0.5 (a fall) on token 1
+    mask, adv, answer = torch.ones(1, 2, dtype=torch.bool), torch.tensor([1.0]), torch.zeros(1, 2, dtype=torch.bool)
+    dp_actor_llds(new, old, mask, adv, answer, 0.2, chunk=False, mask_weight=0.2).backward()
+    theirs = new.grad.clone()
+    new.grad = None
+    ours, _ = llds_loss(new, old, adv, mask, LLDSConfig(lam=0.2, gate="response", norm="token_mean"))
+    (0.2 * ours).backward()
+    assert theirs[0, 0].item() == pytest.approx(-0.5 * 0.2 / 2) and new.grad[0, 0].item() == 0.0
+    assert theirs[0, 1].item() == pytest.approx(new.grad[0, 1].item())  # elsewhere the same
+    # 2. β > 1: accepted by ours (the answer span weighs more than λ), capped at λ by theirs
+    new2, old2, mask2, adv2, answer2 = _random_case(3)
+    big, _ = llds_loss(new2, old2, adv2, mask2, LLDSConfig(lam=0.2, gate="action", norm="token_mean", answer_weight=2.0),
+                       answer_mask=answer2)
+    one, _ = llds_loss(new2, old2, adv2, mask2, LLDSConfig(lam=0.2, gate="action", norm="token_mean", answer_weight=1.0),
+                       answer_mask=answer2)
+    capped = dp_actor_llds(new2, old2, mask2, adv2, answer2, 0.2, chunk=True, mask_weight=2.0 * 0.2)
+    assert big.item() > one.item() and capped.item() == pytest.approx(0.2 * one.item(), abs=1e-7)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lld_monitor import signals as mapping
+from lld_monitor import signals as key_map
 from lld_monitor import signals as registry
 from lld_monitor.detect.signal_sources import SIGNAL_CANDIDATES
 from lld_monitor.store import schema
@@ -43,15 +43,15 @@ def test_each_signal_once_with_complete_rows():
 
 def test_importer_maps_exact_keys_only():
     exact = {(name, src.key) for name in registry.STEP_SIGNALS for src in registry.all_sources(name) if src.exact}
-    assert {(name, src.key) for name, src in mapping.KEY_MAP} <= exact
+    assert {(name, src.key) for name, src in key_map.KEY_MAP} <= exact
     for s in registry.SIGNALS:
         for src in s.sources:
             if not src.exact:
                 row = {k: 1.0 for k in src.parts}
-                assert s.name not in mapping.map_row(row), f"proxy {src.key} mapped onto {s.name}"
-    assert mapping.map_row({"val/test_score/mean": 0.9}) == {}  # a validation score is not accuracy
-    assert "pg_loss" not in mapping.map_row({"train/loss": 0.3})
-    assert mapping.map_row({"lld/kl": 0.01, "actor/kl_loss": 0.5})["kl"] == 0.01  # our exporter's own key wins
+                assert s.name not in key_map.map_row(row), f"proxy {src.key} mapped onto {s.name}"
+    assert key_map.map_row({"val/test_score/mean": 0.9}) == {}  # a validation score is not accuracy
+    assert "pg_loss" not in key_map.map_row({"train/loss": 0.3})
+    assert key_map.map_row({"lld/kl": 0.01, "actor/kl_loss": 0.5})["kl"] == 0.01  # our exporter's own key wins
 
 
 def test_detector_and_dashboard_rank_the_same_keys():

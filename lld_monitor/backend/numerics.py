@@ -89,3 +89,15 @@ def numpy_avx512_targets() -> list[str]:
 
     core = np._core._multiarray_umath
     return [t for t in core.__cpu_dispatch__ if t != "X86_V3" and core.__cpu_features__.get(t)]
+
+
+def cpu_model() -> str:
+    """The CPU's model name as `lscpu` prints it (what figures about floats or speed name), else "unknown CPU"."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"

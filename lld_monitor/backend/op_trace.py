@@ -23,7 +23,7 @@ from pathlib import Path
 UNINITIALIZED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "set_"}
 
 
-# torch and the CLI are imported inside the functions: `record` pins the numerics environment first
+# torch and the trainer are imported inside the functions: `record` pins the numerics environment first
 def _sha(t) -> str | None:
     import torch
 
@@ -33,12 +33,13 @@ def _sha(t) -> str | None:
     return hashlib.sha256(t.contiguous().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-def _trace_one_run(train_args: list[str]) -> list[dict]:
+def _trace_one_run(config: Path, seed: int, mode: str, steps: int, store: str) -> list[dict]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    from lld_monitor.cli import main
+    from lld_monitor.backend.config import load_config
+    from lld_monitor.backend.grpo import Trainer
 
     rows: list[dict] = []
 
@@ -61,10 +62,8 @@ def _trace_one_run(train_args: list[str]) -> list[dict]:
             return out
 
     with Trace():
-        try:
-            main(train_args)
-        except SystemExit:
-            pass
+        cfg = load_config(config, mode=mode, seed=seed, steps=steps)
+        Trainer(cfg, store, "trace", progress=False).train()
     return rows
 
 
@@ -73,16 +72,11 @@ def record(out: Path, config: Path, seed: int, mode: str = "vanilla", steps: int
     Returns (op outputs written, hashes marked noise)."""
     from lld_monitor.backend import numerics
 
-    numerics.pin_environment()
-    cfg = json.loads(Path(config).read_text())
-    cfg["steps"] = steps
+    numerics.require("pinned")  # before the trainer (and torch) loads
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        cfg_path = Path(tmp) / "config.json"
-        cfg_path.write_text(json.dumps(cfg))
         for k in range(2):  # what differs between two runs on one machine (uninitialized memory) is noise
-            runs.append(_trace_one_run(["train", "--config", str(cfg_path), "--mode", mode, "--seed", str(seed),
-                                        "--no-progress", "--store", f"{tmp}/store{k}", "--run-name", "trace"]))
+            runs.append(_trace_one_run(config, seed, mode, steps, f"{tmp}/store{k}"))
     a, b = runs
     if [(r["op"], r["shape"]) for r in a] != [(r["op"], r["shape"]) for r in b]:
         raise RuntimeError("two runs on this machine ran different op sequences: the trace cannot be compared")

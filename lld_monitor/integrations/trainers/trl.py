@@ -38,7 +38,7 @@ How it works (TRL 1.16.0 internals, pinned; `tests/test_integrations_trl.py` has
   total reward and its group (prompt) through TRL's shuffle / split of the generation batch.
 - Per optimizer step (at the micro-batch where ``accelerator.sync_gradients`` is True) the step's samples
   and tokens go to ``RunLogger.log_step``; TRL's own logged scalars (grad_norm, learning_rate, kl,
-  clip ratios...) are added when TRL logs (``on_log``), mapped onto our signal names (mapping.py).
+  clip ratios...) are added when TRL logs (``on_log``), mapped onto our signal names (`signals.map_row`).
 
 Step numbering: our step = TRL's ``state.global_step`` after the update (the step TRL logs under).
 Displacement Δ = ln π_θ − ln π_old on the same completion tokens (negative = likelihood fell): with

@@ -12,7 +12,7 @@ Online
 - A run that does not exist (deleted, or a typo) is reported and skipped; the other runs still import.
 
 Offline: `import_offline(store, path)` reads every `.wandb` file under `path` with no network
-(`wandb_offline.py`), merging the segments of a run resumed offline.
+(`offline_file.py`), merging the segments of a run resumed offline.
 """
 
 from __future__ import annotations

@@ -326,7 +326,7 @@ def find_run_files(root: str | Path) -> list[Path]:
     return found
 
 
-STEP_AXES = ("lld/step", "train/global_step")  # the run's own optimizer-step keys (mapping.LLD_STEP_KEY / TRL_STEP_KEY)
+STEP_AXES = ("lld/step", "train/global_step")  # the run's own optimizer-step keys (signals.LLD_STEP_KEY / TRL_STEP_KEY)
 
 
 def _own_step_axis(parts: list[WandbRunData]) -> str | None:
