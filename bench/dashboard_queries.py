@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synth_store import SynthConfig, write_run  # noqa: E402
 from lld_monitor.store import open_store_reader  # noqa: E402
-from lld_monitor.ui import figures, phases  # noqa: E402
+from lld_monitor.ui import figures  # noqa: E402
+from lld_monitor.ui import phase_bands as phases  # noqa: E402
 from lld_monitor.ui import queries as q  # noqa: E402
 from lld_monitor.ui import series as sig  # noqa: E402
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lld_monitor.ui import figures, pairing, phases, tokens
+from lld_monitor.ui import figures, pairing, tokens
+from lld_monitor.ui import phase_bands as phases
 from lld_monitor.ui import series as sig
 
 
