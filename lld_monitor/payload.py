@@ -20,6 +20,7 @@ model's tokens only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from lld_monitor import lld
 from lld_monitor.aggregates import sample_sums_from_tokens, to_numpy
 from lld_monitor.roles import ROLE_ACTION, ROLE_ANSWER, ROLE_TOOL
 
-__all__ = ["StepPayload", "step_payload", "step_samples", "step_tokens", "token_roles", "tool_runs"]
+__all__ = ["StepPayload", "authors_scalars", "step_payload", "step_samples", "step_tokens", "token_roles", "tool_runs"]
 
 
 @dataclass
@@ -171,3 +172,45 @@ def step_payload(
                          logp_new=logp_new, answer_mask=answer_mask, logp_ref=logp_ref,
                          entropy=entropy) if with_tokens else None
     return StepPayload(dict(scalars or {}), samples, tokens)
+
+
+def authors_scalars(
+    *,
+    model_mask: Any,
+    logp_old: Any,
+    advantages: Any,
+    logp_ref: Any = None,
+    answer_mask: Any = None,
+    logp_now: Any = None,
+) -> dict[str, float]:
+    """The LLDS authors' own step metrics (their `dp_actor.py`; research/paper.md §5), under their names, so that
+    a W&B run of their code and one of ours meet on the same scalars. Theirs are measured on the last micro-batch
+    of the step's last mini-batch; these on every model token of the step:
+
+    - `actor/pos_avg_old_log_prob` / `actor/neg_avg_old_log_prob`: Σ ln π_old over the model tokens of responses
+      with Â ≥ 0 / Â < 0, divided by all model tokens (their definition, dilution included);
+    - `actor/pos_avg_ref_log_prob` / `actor/neg_avg_ref_log_prob`: the same with the frozen reference's ln π;
+    - `actor/lowest_prob_avg_mean`: the mean probability of the answer span's tokens under `logp_now` (theirs: the
+      current policy inside the update; NaN where no response has a span, theirs 0.0);
+    - `actor/lowest_prob_avg_min`: each response's lowest answer-token probability, averaged over the responses
+      that have a span (theirs counts a response without one as +inf).
+    """
+    model = _bool(model_mask)
+    n_tok = model.float().sum().clamp(min=1)
+    positive = (torch.as_tensor(advantages).reshape(-1) >= 0).to(model.device).unsqueeze(1)
+    out: dict[str, float] = {}
+    for name, values in (("old", logp_old), ("ref", logp_ref)):
+        if values is None:
+            continue
+        v = torch.as_tensor(values)
+        masked = torch.where(model, v, torch.zeros_like(v))
+        out[f"actor/pos_avg_{name}_log_prob"] = float((masked * positive).sum() / n_tok)
+        out[f"actor/neg_avg_{name}_log_prob"] = float((masked * ~positive).sum() / n_tok)
+    if answer_mask is not None and logp_now is not None:
+        span = _bool(answer_mask) & model
+        prob = torch.exp(torch.as_tensor(logp_now).double())
+        has = span.any(dim=1)
+        out["actor/lowest_prob_avg_mean"] = float(prob[span].mean()) if bool(has.any()) else math.nan
+        lowest = torch.where(span, prob, torch.full_like(prob, math.inf)).amin(dim=1)
+        out["actor/lowest_prob_avg_min"] = float(lowest[has].mean()) if bool(has.any()) else math.nan
+    return out

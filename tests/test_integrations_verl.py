@@ -103,7 +103,14 @@ def test_signals_match_loop_reference():
     e = [ent[i][t] for i in range(B) for t in range(R) if m[i][t]]
     assert got["lld/entropy"] == pytest.approx(sum(e) / len(e), rel=1e-5)
     assert got["lld/n_samples"] == B
-    assert all(k.startswith("lld/") for k in got)
+    # the LLDS authors' own metrics under their names: Σ ln π_old over Â ≥ 0 (Â < 0) model tokens / all model tokens
+    n_all = sum(ntok)
+    pos_sum = sum(old[i][t] for i in range(B) for t in range(R) if m[i][t] and adv[i] >= 0)
+    neg_sum = sum(old[i][t] for i in range(B) for t in range(R) if m[i][t] and adv[i] < 0)
+    assert got["actor/pos_avg_old_log_prob"] == pytest.approx(pos_sum / n_all, rel=1e-5)
+    assert got["actor/neg_avg_old_log_prob"] == pytest.approx(neg_sum / n_all, rel=1e-5)
+    assert "actor/pos_avg_ref_log_prob" in got
+    assert all(k.startswith("lld/") or k.startswith("actor/") and k.endswith("_log_prob") for k in got)
 
 
 def official_loss_noreduce(batch, lam, chunked=True):

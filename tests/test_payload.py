@@ -97,3 +97,21 @@ def test_lld_action_index_is_the_payloads_run_index():
     assert lld.action_index(MODEL).tolist() == step_tokens(
         token_ids=torch.zeros(2, 8, dtype=torch.long), valid_mask=VALID, model_mask=MODEL, logp_old=OLD,
         logp_new=NEW)["action_idx"].tolist()
+
+
+def test_the_authors_metrics_by_hand():
+    from lld_monitor.payload import authors_scalars
+
+    adv = torch.tensor([0.5, -1.0])
+    got = authors_scalars(model_mask=MODEL, logp_old=OLD, advantages=adv, logp_ref=OLD * 2, answer_mask=ANSWER,
+                          logp_now=NEW)
+    n = int(MODEL.sum())  # 8 model tokens
+    assert got["actor/pos_avg_old_log_prob"] == pytest.approx((-1.0 - 2.0 - 0.5 - 0.25 - 0.25) / n)
+    assert got["actor/neg_avg_old_log_prob"] == pytest.approx((-1.0 - 3.0 - 2.0) / n)
+    assert got["actor/pos_avg_ref_log_prob"] == pytest.approx(2 * got["actor/pos_avg_old_log_prob"])
+    span = [math.exp(-0.5), math.exp(0.0)]  # the answer tokens' ln π under NEW: -0.25 - 0.25, -0.25 + 0.25
+    assert got["actor/lowest_prob_avg_mean"] == pytest.approx(sum(span) / 2)
+    assert got["actor/lowest_prob_avg_min"] == pytest.approx(min(span))  # one response has a span
+    none = authors_scalars(model_mask=MODEL, logp_old=OLD, advantages=adv, answer_mask=torch.zeros_like(ANSWER),
+                           logp_now=NEW)
+    assert math.isnan(none["actor/lowest_prob_avg_mean"]) and "actor/pos_avg_ref_log_prob" not in none

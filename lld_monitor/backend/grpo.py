@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from lld_monitor import lld
 from lld_monitor.logger import RunLogger
-from lld_monitor.payload import StepPayload, step_payload
+from lld_monitor.payload import StepPayload, authors_scalars, step_payload
 from lld_monitor.roles import ROLE_ACTION
 from lld_monitor.store.layout import new_run_id
 from lld_monitor.store.schema import normalize_mode
@@ -369,11 +369,11 @@ class Trainer:
             prompt_ids=[q.qid for _, q in batch.rows], n_searches=ep.n_searches, texts=ep.response_texts,
             question=[q.question for _, q in batch.rows], gold=[" | ".join(q.answers) for _, q in batch.rows],
         )
-        payload.scalars = self._scalars(batch, rewards, advantages, scores, updates, searches_mean, timing)
+        payload.scalars = self._scalars(batch, rewards, advantages, scores, logp_new, updates, searches_mean, timing)
         return payload
 
-    def _scalars(self, batch: StepBatch, rewards: Tensor, advantages: Tensor, scores: Scores, updates: UpdateStats,
-                 searches_mean: float, timing: dict[str, float]) -> dict[str, float]:
+    def _scalars(self, batch: StepBatch, rewards: Tensor, advantages: Tensor, scores: Scores, logp_new: Tensor,
+                 updates: UpdateStats, searches_mean: float, timing: dict[str, float]) -> dict[str, float]:
         """The step's scalars: our signals, then the verl-named ones (`_verl_named_scalars`)."""
         mask = batch.model_mask.float()
         answer = batch.answer_mask.float()
@@ -390,7 +390,7 @@ class Trainer:
             "answer_prob_mean": answer_prob,
             "lr": lr,
             "step_time": timing["step"],
-            **self._verl_named_scalars(batch, rewards, advantages, scores, updates, searches_mean, timing, lr),
+            **self._verl_named_scalars(batch, rewards, advantages, scores, logp_new, updates, searches_mean, timing, lr),
             "lld/updates_per_step": float(len(updates.grad_norm)),
             "lld/grad_norm_max": max(updates.grad_norm) if updates.grad_norm else float("nan"),
         }
@@ -401,19 +401,17 @@ class Trainer:
         return scalars
 
     @staticmethod
-    def _verl_named_scalars(batch: StepBatch, rewards: Tensor, advantages: Tensor, scores: Scores,
+    def _verl_named_scalars(batch: StepBatch, rewards: Tensor, advantages: Tensor, scores: Scores, logp_new: Tensor,
                             updates: UpdateStats, searches_mean: float, timing: dict[str, float], lr: float
                             ) -> dict[str, float]:
         """The step's figures under the names verl / Search-R1 and the LLDS authors' code log them, so that the
-        scalars-only detection can be judged on testbed runs (`actor/*`, `critic/*`, `env/*`, ...)."""
-        act = batch.model_mask
-        n_tok = act.float().sum().clamp(min=1)
-        positive = (advantages >= 0).to(act.device).unsqueeze(1)
-        old = torch.where(act, scores.logp_old, torch.zeros_like(scores.logp_old))
+        scalars-only detection can be judged on testbed runs (`actor/*`, `critic/*`, `env/*`, ...).
+        `actor/loss_noreduce` is λ·L_LLDS averaged over the step's updates, each on its whole mini-batch (theirs
+        keeps the last micro-batch's value only)."""
         ep = batch.episodes
         out = {
-            "actor/pos_avg_old_log_prob": float((old * positive).sum() / n_tok),
-            "actor/neg_avg_old_log_prob": float((old * ~positive).sum() / n_tok),
+            **authors_scalars(model_mask=batch.model_mask, logp_old=scores.logp_old, advantages=advantages,
+                              logp_ref=scores.logp_ref, answer_mask=batch.answer_mask, logp_now=logp_new),
             "actor/entropy_loss": _mean(updates.entropy),
             "actor/grad_norm": _mean(updates.grad_norm),
             "actor/ppo_kl": _mean(updates.ppo_kl),
@@ -434,10 +432,6 @@ class Trainer:
             "timing_s/ref": timing["ref"],
             "timing_s/update_actor": timing["update_actor"],
         }
-        if scores.logp_ref is not None:
-            ref = torch.where(act, scores.logp_ref, torch.zeros_like(scores.logp_ref))
-            out["actor/pos_avg_ref_log_prob"] = float((ref * positive).sum() / n_tok)
-            out["actor/neg_avg_ref_log_prob"] = float((ref * ~positive).sum() / n_tok)
         return out
 
     # ------------------------------------------------------------------ the loop

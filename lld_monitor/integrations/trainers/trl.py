@@ -79,7 +79,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from lld_monitor import lld
-from lld_monitor.payload import step_payload, tool_runs
+from lld_monitor.payload import authors_scalars, step_payload, tool_runs
 from lld_monitor.signals import map_row
 from lld_monitor.store.schema import STEP_SIGNALS
 
@@ -507,6 +507,11 @@ class LLDGRPOTrainer(GRPOTrainer):
             scalars["llds_noise_gated"] = float(parts[4] / parts[3])
         elif self.llds_cfg is None:
             scalars["llds_loss"] = 0.0
+        # the LLDS authors' own metrics, on this process's samples (theirs come from data-parallel rank 0 too)
+        scalars.update(authors_scalars(model_mask=action, logp_old=tok["logp_old"],
+                                       advantages=torch.cat([m["advantages"] for m in micro]),
+                                       logp_ref=tok.get("logp_ref"), answer_mask=tok["answer_mask"],
+                                       logp_now=tok["logp_new"]))
         if self.accelerator.num_processes > 1:
             # the step row is computed (by rank 0's logger) from every rank's samples, not rank 0's alone
             self._lld_all[step] = self._lld_gather_samples(payload.samples, groups)

@@ -53,7 +53,8 @@ from verl import DataProto
 from verl.trainer import main_ppo_v0
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from lld_monitor.payload import StepPayload, step_payload
+from lld_monitor import lld
+from lld_monitor.payload import StepPayload, authors_scalars, step_payload
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ def on_policy_share(config: Any) -> float:
 
 
 def verl_step_payload(batch: DataProto, new_log_probs: Tensor, tokenizer: Any = None) -> StepPayload:
-    """The step of a verl batch and its post-update log-probs [B, R], as RunLogger takes it (`payload.py`)."""
+    """The step of a verl batch and its post-update log-probs [B, R], as RunLogger takes it (`payload.py`), with the
+    LLDS authors' metrics of the batch as its scalars (`payload.authors_scalars`)."""
     b = batch.batch
     responses = b["responses"]
     n, r = responses.shape
@@ -107,10 +109,12 @@ def verl_step_payload(batch: DataProto, new_log_probs: Tensor, tokenizer: Any = 
     if tokenizer is not None:
         texts = [tokenizer.decode(row[m].tolist(), skip_special_tokens=False)
                  for row, m in zip(responses.cpu(), valid.cpu(), strict=True)]
+    ref = b["ref_log_prob"].float() if "ref_log_prob" in b.keys() else None
+    adv = lld.response_advantages(b["advantages"].float(), n, model)  # [B, R] tiled: at the first model token
     return step_payload(
         token_ids=responses, valid_mask=valid, model_mask=model, logp_old=old, logp_new=new_log_probs,
-        logp_ref=b["ref_log_prob"] if "ref_log_prob" in b.keys() else None, advantages=b["advantages"].float(),
-        rewards=reward, group_ids=list(uid) if uid is not None else range(n), texts=texts,
+        logp_ref=ref, advantages=adv, rewards=reward, group_ids=list(uid) if uid is not None else range(n), texts=texts,
+        scalars=authors_scalars(model_mask=model, logp_old=old, advantages=adv, logp_ref=ref),
     )
 
 
@@ -118,7 +122,8 @@ def log_verl_step(logger: Any, step: int, batch: DataProto, new_log_probs: Tenso
                   scalars: Mapping[str, float] | None = None) -> None:
     """One verl PPO step into `logger` (a RunLogger): samples, tokens and any extra scalars."""
     payload = verl_step_payload(batch, new_log_probs, tokenizer)
-    logger.log_step(int(step), scalars=dict(scalars or {}), samples=payload.samples, tokens=payload.tokens)
+    logger.log_step(int(step), scalars={**payload.scalars, **dict(scalars or {})}, samples=payload.samples,
+                    tokens=payload.tokens)
 
 
 class LLDRayPPOTrainer(RayPPOTrainer):

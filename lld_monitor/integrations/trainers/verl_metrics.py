@@ -37,7 +37,7 @@ from torch import Tensor
 
 from lld_monitor import lld
 from lld_monitor.aggregates import step_aggregates
-from lld_monitor.payload import step_samples
+from lld_monitor.payload import authors_scalars, step_samples
 
 PREFIX = "lld/"
 
@@ -117,6 +117,8 @@ def lld_metrics(
         samples = step_samples(model_mask=m, logp_old=old, logp_new=new, advantages=adv_r,
                                rewards=None if scores is None else scores.detach().double().reshape(-1))
         out: dict[str, float] = {k: math.nan if v is None else float(v) for k, v in step_aggregates(samples).items()}
+        ref_lp = _get(batch, "ref_log_prob")
+        authors = authors_scalars(model_mask=m, logp_old=old, advantages=adv_r, logp_ref=ref_lp)
 
         ref = _get(batch, "ref_log_prob")
         if ref is not None:
@@ -155,7 +157,8 @@ def lld_metrics(
             )
         out["llds_loss"] = llds.lam * _f(loss)
         out["llds_raw"] = _f(loss)
-    return {f"{prefix}{k}": v for k, v in out.items()}
+    # the LLDS authors' own metrics keep their names (`actor/...`), so a run of their code and this one meet
+    return {**{f"{prefix}{k}": v for k, v in out.items()}, **authors}
 
 
 __all__ = ["lld_metrics", "PREFIX"]
