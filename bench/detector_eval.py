@@ -192,7 +192,7 @@ class Row:
 
 def score(name: str, store: str, mode: str, variant: str, sig: pd.DataFrame, lab: Label,
           cfg: DetectorConfig) -> Row:
-    res = detect_run(sig, cfg)
+    res = detect_run(sig, cfg, None)  # the phase detector alone (the forecast: bench/forecast_eval.py)
     warns = [a for a in res.alerts if SEVERITIES.index(a.severity) >= WARN_FLOOR]
     infos = [a for a in res.alerts if a.severity == "info"]
     crits = [a for a in res.alerts if a.severity == "critical"]
@@ -319,7 +319,7 @@ def time_detector(frames: list[pd.DataFrame], cfg: DetectorConfig, reps: int = 3
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        detect_run(df, cfg)
+        detect_run(df, cfg, None)
         ts.append((time.perf_counter() - t0) / max(len(df), 1) * 1e6)
     return float(statistics.median(ts))
 

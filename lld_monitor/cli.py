@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "runs": "runs",
     "detect": "detect",
+    "forecast": "forecast",
     "whatif": "whatif",
     "import-wandb": "import_wandb",
     "bench": "bench",

@@ -38,6 +38,7 @@ import pyarrow as pa
 from .aggregates import derive_sample_columns, sample_sums_from_tokens, step_aggregates, to_numpy
 from .detect import load_detector_config
 from .detect.checkpoint import CHECKPOINT_EVERY
+from .detect.forecast_model import AUTO, ForecastModel
 from .detect.sink import DetectorSink
 from .roles import ROLE_TOOL, ROLES
 from .sinks import Sink, StepEvent
@@ -141,6 +142,9 @@ class LoggerOptions:
     queue_size: int = 256  # steps queued for the writer thread before log_step waits
     detector_checkpoint_every: int = CHECKPOINT_EVERY  # the online detector's state every N steps (detect/checkpoint.py)
     writer: WriterConfig | None = None  # segment compaction settings (store/writer.py)
+    # the detector's collapse-forecast model; AUTO: $LLD_MONITOR_FORECAST_MODEL's, else the shipped one that fits the
+    # first step's signals (detect.forecast_model.model_for); None: no forecast
+    forecast: ForecastModel | str | None = AUTO
 
 
 @dataclasses.dataclass
@@ -191,8 +195,9 @@ class RunLogger:
             raise TypeError(f"sinks need on_step(event) and on_close(status) (lld_monitor.sinks.Sink); got {bad!r}")
         detector_sink = None
         if detector is not False and rank == 0:
-            cfg = load_detector_config(None if detector is True else detector)
-            detector_sink = DetectorSink(cfg, checkpoint_every=options.detector_checkpoint_every)
+            cfg = load_detector_config(None if detector is True or detector is None else detector)
+            detector_sink = DetectorSink(cfg, checkpoint_every=options.detector_checkpoint_every,
+                                         forecast=options.forecast)
         self.rank = rank
         self.flush_every_steps = flush_every_steps
         self.flush_every_s = flush_every_s

@@ -27,12 +27,14 @@ from typing import Any, Protocol, runtime_checkable
 @dataclass
 class StepEvent:
     """One stored step. A sink may add to `alerts` (later sinks and the store's `alerts` table see them) and to
-    `records` ((table, columns) pairs the logger appends to the run, as `RunWriter.append` takes them)."""
+    `records` ((table, columns) pairs the logger appends to the run, as `RunWriter.append` takes them), and put
+    what it computed in `derived` for the sinks after it."""
 
     step: int
     signals: Mapping[str, float]  # the step row's signals and every other scalar of the step, by name
     alerts: list[Any] = field(default_factory=list)  # detect.Alert objects raised at this step
     records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    derived: dict[str, float] = field(default_factory=dict)  # what a sink computed, e.g. the detector's p_collapse
 
 
 @runtime_checkable

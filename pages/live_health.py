@@ -1,10 +1,13 @@
 """Live health: the run's key signals on one shared step axis, phases shaded, alerts marked; refreshes while live."""
 
+import time
+
 import streamlit as st
 
 from lld_monitor.ui import counterfactual_panel, figures, pairing, queries, widgets
 from lld_monitor.ui import phase_bands as ph
 
+PENDING_POLL_S = 1.0
 ctx = widgets.current()
 st.title("Live health")
 if widgets.require_run(ctx):
@@ -60,6 +63,7 @@ if widgets.require_run(ctx):
                                              step_range=step_range)
             widgets.plotly(fig, key="live_fig")
             st.caption(figures.live_legend_caption(ov.bands, hidden))
+            forecast_panel(ov, step_range)
             name = widgets.safe_name(ov.run.get("name") or run_id)
             st.download_button("Download the signals (CSV)", lambda: queries.to_csv_bytes(ov.signals),
                                file_name=f"{name}_signals.csv", mime="text/csv", key="live_csv", on_click="ignore",
@@ -70,6 +74,36 @@ if widgets.require_run(ctx):
                     st.dataframe(alerts, hide_index=True, width="stretch")
         if live and ov.status != "running" and run.get("status") == "running":
             st.rerun()  # the run ended: redraw the page once without the refresh timer
+        if ov.detection.pending:  # the detector replays this run in the background: look again shortly
+            time.sleep(PENDING_POLL_S)
+            st.rerun(scope="fragment")
+
+    def forecast_panel(ov, step_range) -> None:
+        det = ov.detection
+        if det.pending or det.forecast_model is None:
+            return
+        p_now = det.p_collapse
+        first = det.forecast[det.forecast["p_collapse"] >= ph.FORECAST_THRESHOLD]
+        first_step = int(first["step"].iloc[0]) if len(first) else None
+        c1, c2, c3 = st.columns(3)
+        if det.collapse_step is not None:
+            c1.metric("Reward collapsed at step", det.collapse_step)
+        else:
+            c1.metric(f"p(collapse within {det.horizon} steps)", "—" if p_now is None else f"{p_now:.2f}",
+                      help="The chance the reward collapses (its 10-step mean below half its peak for 5 steps) within "
+                           "the next steps, from the signals logged so far; calibrated on runs it was not fitted on "
+                           "(docs/detector.md, 'Forecast'). The detector raises a warning the first time it reaches "
+                           f"{ph.FORECAST_THRESHOLD:g}.")
+        ahead = None if first_step is None or det.collapse_step is None else det.collapse_step - first_step
+        c2.metric(f"First p ≥ {ph.FORECAST_THRESHOLD:g}",
+                  ("never" if det.collapse_step is not None else "not yet") if first_step is None else f"step {first_step}",
+                  None if ahead is None else f"{ahead} steps before the collapse", delta_color="off")
+        c3.metric("Forecast model", det.forecast_model,
+                  help="Set with `lld-monitor serve --forecast-model FILE` (a model from `lld-monitor forecast fit`)")
+        widgets.plotly(figures.forecast_figure(det.forecast, ov.bands, collapse_step=det.collapse_step,
+                                               horizon=det.horizon, threshold=ph.FORECAST_THRESHOLD,
+                                               model=det.forecast_model, step_range=step_range),
+                       key="live_forecast_fig")
 
     live_panel()
     counterfactual_panel.live_health_panel(ctx)

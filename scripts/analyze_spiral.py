@@ -120,7 +120,7 @@ def summarize(store: str, window: int = 10, stopped: bool = False) -> list[dict]
         base_h = sm["entropy"].dropna().iloc[0]
         below = sm["ll_correct_mean"] < base_ll - 0.02
         stays = below & below[::-1].rolling(window, min_periods=1).min()[::-1].astype(bool)
-        res = detect_run(raw)
+        res = detect_run(raw, forecast=None)
         collapse = reward_collapse_step(raw)
         last20 = float(sig["reward_mean"].iloc[-HOLD_LAST:].mean())
         out.append({

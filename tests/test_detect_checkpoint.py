@@ -6,6 +6,8 @@ a damaged cache. Each run is 1,200-2,500 steps so the whole file stays quick."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pandas.testing as pdt
@@ -29,6 +31,8 @@ def _assert_same(fast: ph.Detection, full: ph.Detection) -> None:
     assert (fast.phase, fast.phase_starts, fast.collapse_step) == (full.phase, full.phase_starts, full.collapse_step)
     pdt.assert_frame_equal(fast.alerts, full.alerts)
     pdt.assert_frame_equal(fast.phase_by_step, full.phase_by_step)
+    pdt.assert_frame_equal(fast.forecast, full.forecast)
+    assert fast.forecast_model == full.forecast_model
 
 
 def _overview_equals_full_replay(reader, run_id: str) -> ph.Detection:
@@ -110,18 +114,26 @@ def test_imported_run_is_replayed_once_then_restored_from_its_cache(tmp_path):
                for s, (_, row) in zip(v["step"], v.iterrows())]
     res = write_run(str(tmp_path), ImportSpec(wandb_id="abc123", project="proj"), history, progress=False)
     r = open_store_reader(tmp_path)
-    assert r.detector_state(res.run_id).empty and r.alerts(res.run_id).empty  # no online detector, no alerts
+    assert r.alerts(res.run_id).empty  # no online detector, no alerts...
+    (cached,) = cache_files(tmp_path / "runs" / res.run_id)  # ...but the import stored the detector's replay
+    at_import = _overview_equals_full_replay(r, res.run_id)
+    assert at_import.resumed_step == 2499 and at_import.replayed == 0
+    # a run imported by an older version (no replay beside it): replayed once by the first reader, then cached
+    Path(cached).unlink()
+    r = open_store_reader(tmp_path)
+    assert r.detector_state(res.run_id).empty
     cold = _overview_equals_full_replay(r, res.run_id)
     assert cold.resumed_step is None and cold.replayed == 2500  # the one full replay...
-    assert len(cache_files(tmp_path / "runs" / res.run_id)) == 1  # ...cached beside the run
+    assert cache_files(tmp_path / "runs" / res.run_id) == [cached]  # ...cached beside the run, as the import does
     again = _overview_equals_full_replay(open_store_reader(tmp_path), res.run_id)
     assert again.resumed_step == 2499 and again.replayed == 0
     assert cold.alerts.equals(again.alerts) and len(again.alerts) and again.collapse_step is not None
-    # a re-import with other values replaces the run: the old cache goes with it; the new one is right again
+    # a re-import with other values replaces the run: the old cache goes with it; the new import's replay is right
     history2 = [{**h, "critic/score/mean": h["critic/score/mean"] * 0.9} for h in history]
     write_run(str(tmp_path), ImportSpec(wandb_id="abc123", project="proj"), history2, progress=False)
     fresh = _overview_equals_full_replay(open_store_reader(tmp_path), res.run_id)
-    assert fresh.resumed_step is None
+    assert fresh.resumed_step == 2499 and cache_files(tmp_path / "runs" / res.run_id) == [cached]
+    assert not fresh.alerts.equals(again.alerts)
 
 
 def test_checkpoints_of_another_config_or_other_rows_are_not_used(tmp_path):

@@ -60,7 +60,8 @@ def test_detect_json_contract(store, capsys):
     for r in runs.values():
         # the original contract's fields, plus the added ones
         assert set(r) == {"name", "mode", "source", "phase", "phase_starts", "collapse_step", "alerts",
-                          "phase_title", "reward_collapsed", "phase_changes"}
+                          "phase_title", "reward_collapsed", "phase_changes", "p_collapse", "p_collapse_step",
+                          "forecast_model"}
         assert r["phase"] in PHASES and r["phase_title"] == PHASE_TITLES[r["phase"]]
         assert r["reward_collapsed"] == (r["collapse_step"] is not None)
         assert r["phase_changes"][-1]["phase"] == r["phase"]

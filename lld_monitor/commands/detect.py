@@ -5,9 +5,11 @@ raised while the run was written).
 `--json` prints the public contract (docs/detector.md):
 {"runs": [{"name", "mode", "source", "phase", "phase_starts": {phase: step}, "collapse_step": int|null,
            "alerts": [{"step", "phase", "severity", "signal", "value", "threshold", "message"}],
-           "phase_title", "reward_collapsed": bool, "phase_changes": [{"step", "phase"}]}]}
+           "phase_title", "reward_collapsed": bool, "phase_changes": [{"step", "phase"}],
+           "p_collapse": float|null, "p_collapse_step": int|null, "forecast_model": str|null}]}
 Phase keys and titles: lld_monitor.detect.phases ("acceleration" = phase III, "collapse" = the reward
-has collapsed). Non-finite alert values are written as null.
+has collapsed). Non-finite alert values are written as null. p_collapse is the latest collapse forecast (the chance
+the reward collapses within the model's horizon, `lld-monitor forecast` for every step; null once it collapsed).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from lld_monitor.detect import (
     phase_title,
     post_mortem_reference,
 )
+from lld_monitor.detect.forecast_model import AUTO, ForecastModel
 from lld_monitor.store import default_store_path
 
 HELP = f"name each run's phase ({' / '.join(PHASES)}) and list its early-warning alerts"
@@ -53,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="JSON file of DetectorConfig overrides, e.g. {\"decay_z\": -4} (default: "
                              "$LLD_MONITOR_DETECTOR_CONFIG, which RunLogger and the dashboard read too)")
+    parser.add_argument("--model", metavar="FILE",
+                        help="collapse-forecast model from `lld-monitor forecast fit` (default: "
+                             "$LLD_MONITOR_FORECAST_MODEL, else the shipped one that fits each run's columns)")
 
 
 def _num(x: float | None) -> float | None:
@@ -89,6 +95,9 @@ def run_record(run: dict, res: DetectionResult, min_severity: str = "info") -> d
         "phase_title": phase_title(res.phase),
         "reward_collapsed": res.collapse_step is not None,
         "phase_changes": [{"step": int(s), "phase": p} for s, p in res.phase_changes],
+        "p_collapse": _num(res.forecast[-1][1]) if res.forecast and res.collapse_step is None else None,
+        "p_collapse_step": int(res.forecast[-1][0]) if res.forecast and res.collapse_step is None else None,
+        "forecast_model": res.forecast_model,
     }
 
 
@@ -122,6 +131,9 @@ def _print_text(rec: dict, out) -> None:
     print(f"{rec['name']}  (mode {rec['mode']}, source {rec['source']})", file=out)
     print(f"  phase now: {rec['phase_title']} ({rec['phase']})   phases began: {starts or '-'}", file=out)
     print(f"  reward collapse: {'step ' + str(cs) if cs is not None else 'none'}", file=out)
+    if rec["p_collapse"] is not None:
+        print(f"  collapse forecast: p = {rec['p_collapse']:.2f} at step {rec['p_collapse_step']} "
+              f"(model {rec['forecast_model']})", file=out)
     if not rec["alerts"]:
         print("  alerts: none", file=out)
     if "onsets" in rec:
@@ -172,7 +184,12 @@ def run(args: argparse.Namespace) -> int:
         records = []
         for run_row in runs:
             sig = reader.signals(run_row["run_id"])
-            res = detect_run(sig, cfg) if len(sig) else DetectionResult("healthy", {}, None, [])
+            try:
+                model = ForecastModel.load(args.model) if getattr(args, "model", None) else AUTO
+            except (FileNotFoundError, ValueError) as e:
+                print(f"lld-monitor detect: --model: {e}", file=sys.stderr)
+                return 2
+            res = detect_run(sig, cfg, model) if len(sig) else DetectionResult("healthy", {}, None, [])
             rec = run_record(run_row, res, args.min_severity)
             if getattr(args, "onsets", False):
                 rec.update(onset_record(sig))

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from lld_monitor.detect.forecast_model import MODEL_ENV, ForecastModel
 from lld_monitor.store import DASHBOARD_STORE_ENV, dashboard_store_path
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; anything else exposes the dashboard to the network)")
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    p.add_argument("--forecast-model", metavar="FILE",
+                   help="collapse-forecast model from `lld-monitor forecast fit` for every run shown (default: "
+                        "$LLD_MONITOR_FORECAST_MODEL, else the shipped ones)")
 
 
 def is_loopback(host: str) -> bool:
@@ -65,9 +69,11 @@ def _die_with_parent() -> None:
 
 
 def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 8501,
-                 quiet: bool = False, open_run: str | None = None) -> subprocess.Popen:
+                 quiet: bool = False, open_run: str | None = None,
+                 forecast_model: str | os.PathLike | None = None) -> subprocess.Popen:
     """Start the dashboard server as a child process (its own process group) showing `store`; `open_run` (a run
-    name or id) is the run its pages open on when the URL names none (the demo: its live vanilla run)."""
+    name or id) is the run its pages open on when the URL names none (the demo: its live vanilla run);
+    `forecast_model` a model file the pages forecast with instead of the shipped ones."""
     if not APP.exists():
         raise FileNotFoundError(f"the dashboard entry {APP} is missing; reinstall lld-monitor from its checkout")
     if not is_loopback(host):
@@ -77,6 +83,9 @@ def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 
     env[STORE_ENV] = str(Path(store).expanduser().resolve())
     if open_run:
         env[OPEN_RUN_ENV] = open_run
+    if forecast_model:
+        ForecastModel.load(forecast_model)  # a clear error now rather than on every page
+        env[MODEL_ENV] = str(Path(forecast_model).expanduser().resolve())
     out = subprocess.DEVNULL if quiet else None
     return subprocess.Popen(streamlit_command(host, port), env=env, cwd=str(APP.parent), stdout=out, stderr=out,
                             start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -172,7 +181,13 @@ def run(args: argparse.Namespace) -> int:
 
     old_term = signal.signal(signal.SIGTERM, _stop)
     old_int = signal.signal(signal.SIGINT, _stop)
-    proc = start_server(store, args.host, args.port)
+    try:
+        proc = start_server(store, args.host, args.port, forecast_model=args.forecast_model)
+    except (FileNotFoundError, ValueError) as e:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
+        print(f"lld-monitor serve: --forecast-model: {e}", file=sys.stderr)
+        return 2
     state["started"] = True
     try:
         if state["pending"]:

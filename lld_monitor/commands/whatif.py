@@ -70,7 +70,7 @@ def phase_by_step(signals, steps: list[int]) -> dict[int, str]:
     if signals is None or not len(signals):
         return {}
     try:
-        changes = detect_run(signals).phase_changes
+        changes = detect_run(signals, forecast=None).phase_changes
     except Exception as exc:  # noqa: BLE001 - the phases are a convenience; the numbers stand without them
         log.warning("no phases: the detector failed on this run (%s)", exc)
         return {}

@@ -36,6 +36,7 @@ import pandas as pd
 from lld_monitor.signals import as_number
 
 from .config import DetectorConfig, load_detector_config
+from .forecast_model import ForecastModel
 from .offline import _prepare, iter_signal_rows
 from .online import Alert, OnlineDetector
 from .signal_sources import KNOWN_COLUMNS
@@ -53,9 +54,12 @@ CACHE_LINEAGE = "cache"
 """Lineage prefix of a checkpoint the dashboard computed from a full replay (one row, seq 0, everything)."""
 
 
-def config_fingerprint(cfg: DetectorConfig) -> str:
-    """A short stable id of a detector config: checkpoints are only valid for the config they ran with."""
+def config_fingerprint(cfg: DetectorConfig, forecast: ForecastModel | None = None) -> str:
+    """A short stable id of a detector config and its forecast model: checkpoints are only valid for what they ran
+    with."""
     text = json.dumps(asdict(cfg), sort_keys=True, allow_nan=True)
+    if forecast is not None:
+        text += "|forecast:" + forecast.fingerprint
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -118,7 +122,6 @@ class CheckpointRecorder:
         self.detector = detector
         self.every = int(every)
         self.lineage = lineage or secrets.token_hex(8)
-        self.config = config_fingerprint(detector.cfg)
         self.seq = 0
         self.rows = 0
         self._digest = ""
@@ -126,6 +129,7 @@ class CheckpointRecorder:
         self._since = 0
         self._alerts_at = len(detector.alerts)
         self._changes_at = len(detector.phase_changes)
+        self._forecast_at = len(detector.forecast)
         self._last_step: int | None = None
 
     def update(self, step: int, signals: Mapping[str, object]) -> list[Alert]:
@@ -153,16 +157,19 @@ class CheckpointRecorder:
         self._digest = self._hash.hexdigest()
         self._hash = hashlib.sha256(bytes.fromhex(self._digest))
         row = {
-            "step": self._last_step, "lineage": self.lineage, "seq": self.seq, "config": self.config,
+            "step": self._last_step, "lineage": self.lineage, "seq": self.seq,
+            "config": config_fingerprint(det.cfg, det.forecast_model),  # the model is known after the first row
             "digest": self._digest, "rows": self.rows,
             "state": _json({"format": STATE_FORMAT, **det.to_state()}),
             "alerts": _json([_alert_row(a) for a in det.alerts[self._alerts_at:]]),
             "phase_changes": _json([[int(s), p] for s, p in det.phase_changes[self._changes_at:]]),
+            "forecast": _json([[int(s), p] for s, p in det.forecast[self._forecast_at:]]),
         }
         self.seq += 1
         self._since = 0
         self._alerts_at = len(det.alerts)
         self._changes_at = len(det.phase_changes)
+        self._forecast_at = len(det.forecast)
         return {k: [v] for k, v in row.items()}
 
 
@@ -170,13 +177,14 @@ def replay_checkpoint(detector: OnlineDetector, signals_df: pd.DataFrame) -> dic
     """The one-row checkpoint (as columns) of a detector that was fed exactly `signals_df` from a fresh start (a
     full replay): the dashboard stores it beside an imported or old run so the next reader skips the replay."""
     steps, mat = signal_matrix(signals_df)
-    cfg = config_fingerprint(detector.cfg)
+    cfg = config_fingerprint(detector.cfg, detector.forecast_model)
     row = {
         "step": int(steps[-1]) if len(steps) else None, "lineage": f"{CACHE_LINEAGE}-{cfg}", "seq": 0, "config": cfg,
         "digest": _chain("", mat), "rows": int(len(steps)),
         "state": _json({"format": STATE_FORMAT, **detector.to_state()}),
         "alerts": _json([_alert_row(a) for a in detector.alerts]),
         "phase_changes": _json([[int(s), p] for s, p in detector.phase_changes]),
+        "forecast": _json([[int(s), p] for s, p in detector.forecast]),
     }
     return {k: [v] for k, v in row.items()}
 
@@ -210,13 +218,13 @@ def _valid_prefix(group: pd.DataFrame, steps: np.ndarray, mat: np.ndarray) -> li
 
 
 def resume(signals_df: pd.DataFrame, checkpoints: pd.DataFrame | None,
-           cfg: DetectorConfig | None = None) -> Resumed | None:
+           cfg: DetectorConfig | None = None, forecast: ForecastModel | None = None) -> Resumed | None:
     """Restore the detector from the furthest checkpoint that matches `signals_df` (see the module docstring);
     None when none does. Never raises on a bad checkpoint: it is skipped with a log line."""
     if checkpoints is None or len(checkpoints) == 0 or signals_df is None or signals_df.empty:
         return None
     cfg = cfg or load_detector_config(None)
-    fp = config_fingerprint(cfg)
+    fp = config_fingerprint(cfg, forecast)
     ck = checkpoints[checkpoints["config"].astype(str) == fp]
     if ck.empty:
         log.info("detector checkpoints were made with another config; full replay")
@@ -241,7 +249,11 @@ def resume(signals_df: pd.DataFrame, checkpoints: pd.DataFrame | None,
             return None
         alerts = [_alert_from_row(r) for row in best for r in json.loads(row["alerts"])]
         changes = [(int(s), str(p)) for row in best for s, p in json.loads(row["phase_changes"])]
-        det = OnlineDetector.from_state(state, cfg, alerts, changes)
+        if forecast is not None and any(not isinstance(row.get("forecast"), str) for row in best):
+            log.info("detector checkpoints without a forecast; full replay")
+            return None
+        history = [(int(s), float(p)) for row in best for s, p in json.loads(row["forecast"])] if forecast else []
+        det = OnlineDetector.from_state(state, cfg, alerts, changes, forecast, history)
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         log.warning("detector checkpoint at step %s could not be restored (%s); full replay", best[-1]["step"], exc)
         return None
@@ -250,13 +262,15 @@ def resume(signals_df: pd.DataFrame, checkpoints: pd.DataFrame | None,
 
 
 def detect_resumed(signals_df: pd.DataFrame, checkpoints: pd.DataFrame | None | Callable[[], pd.DataFrame],
-                   cfg: DetectorConfig | None = None) -> tuple[OnlineDetector, int]:
-    """The detector after every row of `signals_df`: restored from a checkpoint where one matches, the rest
-    replayed. Returns (detector, rows replayed). Same result as `detect_run(signals_df, cfg)`."""
+                   cfg: DetectorConfig | None = None, forecast: ForecastModel | None = None
+                   ) -> tuple[OnlineDetector, int]:
+    """The detector (with `forecast`) after every row of `signals_df`: restored from a checkpoint where one
+    matches, the rest replayed. Returns (detector, rows replayed). Same result as `detect_run(signals_df, cfg,
+    forecast)`."""
     ck = checkpoints() if callable(checkpoints) else checkpoints
-    res = resume(signals_df, ck, cfg)
+    res = resume(signals_df, ck, cfg, forecast)
     if res is None:
-        det, start = OnlineDetector(cfg), 0
+        det, start = OnlineDetector(cfg, forecast), 0
     else:
         det, start = res.detector, res.rows
     df = _prepare(signals_df)

@@ -13,6 +13,7 @@ from lld_monitor import signals as registry
 from lld_monitor.store.schema import ALERT_COLUMNS
 
 from .config import DetectorConfig
+from .forecast_model import AUTO, ForecastModel, model_for, scalar_columns
 from .online import Alert, DetectionResult, OnlineDetector
 from .signal_sources import KNOWN_COLUMNS, SIGNAL_CANDIDATES
 
@@ -58,10 +59,46 @@ def iter_signal_rows(signals_df: pd.DataFrame):
         yield int(s), {c: vals[c][i] for c in cols}
 
 
-def detect_run(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None) -> DetectionResult:
+def one_view(signals_df: pd.DataFrame, forecast: ForecastModel) -> bool:
+    """True when one detector can name the phases and make the forecast: the model sees every column, or the
+    columns it may not see hold no value (e.g. an imported verl run's empty likelihood columns)."""
+    if forecast.inputs == "all":
+        return True
+    hidden = set(signals_df.columns) - set(scalar_columns(signals_df.columns))
+    return not any(signals_df[c].notna().any() for c in hidden)
+
+
+def run_model(signals_df: pd.DataFrame) -> ForecastModel | None:
+    """The model the online detector chose for this run (`forecast=AUTO`): `model_for` its first row."""
+    for _, row in iter_signal_rows(signals_df):
+        return model_for(row)
+    return model_for({})
+
+
+def view_model(signals_df: pd.DataFrame) -> ForecastModel | None:
+    """The forecast model of one detector over this run (`run_model`; None when that is a scalars model and the
+    run logs more than it may see: `detect_run` then runs it apart)."""
+    model = run_model(signals_df)
+    return model if model is None or one_view(signals_df, model) else None
+
+
+def detect_run(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None,
+               forecast: ForecastModel | str | None = AUTO) -> DetectionResult:
     """Run the detector over a whole run. `signals_df` = StoreReader.signals(run_id): one row per step,
-    canonical STEP_SIGNALS columns and/or raw verl / TRL metric keys; whatever is present is used."""
-    det = OnlineDetector(cfg)
+    canonical STEP_SIGNALS columns and/or raw verl / TRL metric keys; whatever is present is used. The result also
+    holds p_collapse at every step before the collapse (forecast_model.py) from `forecast`: AUTO (the model RunLogger's
+    detector chose, `model_for` the first row: online == offline), a model, or None (no forecast)."""
+    if isinstance(forecast, ForecastModel) and not one_view(signals_df, forecast):
+        # a scalars model sees only what verl / TRL log: its forecast comes from a detector fed those columns,
+        # the phases and alerts from the one that sees everything
+        res = detect_run(signals_df, cfg, None)
+        scalars = detect_run(signals_df[scalar_columns(signals_df.columns)], cfg, forecast)
+        return replace(res, forecast=[(s, p) for s, p in scalars.forecast
+                                      if res.collapse_step is None or s < res.collapse_step],
+                       forecast_model=scalars.forecast_model,
+                       alerts=sorted(res.alerts + [a for a in scalars.alerts if a.signal == "forecast"],
+                                     key=lambda a: a.step))
+    det = OnlineDetector(cfg, forecast)
     for step, row in iter_signal_rows(signals_df):
         det.update(step, row)
     return det.result()

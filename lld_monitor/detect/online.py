@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .config import DetectorConfig, load_detector_config
+from .forecast_model import AUTO, THRESHOLD, ForecastModel, detector_features, model_for
 from .phases import (
     ACCELERATION,
     COLLAPSE,
@@ -82,6 +83,9 @@ class DetectionResult:
     alerts: list[Alert]
     signal_sources: dict[str, str] = field(default_factory=dict)  # detector signal -> column used
     phase_changes: list[tuple[int, str]] = field(default_factory=list)  # (step, phase entered), in order
+    # (step, p_collapse) for every step before the collapse (forecast_model.py); empty without a forecast model
+    forecast: list[tuple[int, float]] = field(default_factory=list)
+    forecast_model: str | None = None  # the model's name
 
 
 @dataclass
@@ -240,9 +244,12 @@ class OnlineDetector:
     Steps must increase; a step not greater than the last one is ignored (logged).
     """
 
-    def __init__(self, cfg: DetectorConfig | None = None) -> None:
+    def __init__(self, cfg: DetectorConfig | None = None, forecast: ForecastModel | str | None = None) -> None:
         # no config given: $LLD_MONITOR_DETECTOR_CONFIG's file if set (RunLogger, the dashboard), else defaults
         self.cfg = cfg or load_detector_config(None)
+        # p_collapse after every update (forecast_model.py); None: no forecast; AUTO: `model_for` the first row
+        self._choose_model = forecast == AUTO
+        self.forecast_model: ForecastModel | None = None if forecast == AUTO else forecast  # type: ignore[assignment]
         c = self.cfg
         maxlen = int(max(c.trend_window, c.baseline_window + c.surge_window, c.displacement_window, c.smooth_window)) + 1
         self._tracks: dict[str, _Track] = {
@@ -259,6 +266,8 @@ class OnlineDetector:
         self.phase_changes: list[tuple[int, str]] = []
         self.collapse_step: int | None = None
         self.alerts: list[Alert] = []
+        self.forecast: list[tuple[int, float]] = []  # (step, p_collapse), every update before the collapse
+        self._forecast_alerted = False
 
     # ------------------------------------------------------------------ public
     @property
@@ -273,7 +282,16 @@ class OnlineDetector:
             alerts=list(self.alerts),
             signal_sources=self.signal_sources,
             phase_changes=list(self.phase_changes),
+            forecast=[(s, p) for s, p in self.forecast if self.collapse_step is None or s < self.collapse_step],
+            forecast_model=self.forecast_model.name if self.forecast_model is not None else None,
         )
+
+    @property
+    def p_collapse(self) -> float | None:
+        """The latest forecast (None: no model, nothing forecast yet, or the reward has collapsed)."""
+        if self.forecast_model is None or not self.forecast or self.collapse_step is not None:
+            return None
+        return self.forecast[-1][1]
 
     def to_state(self) -> dict:
         """Everything needed to carry on exactly where this detector is, as JSON-safe values (floats kept
@@ -285,14 +303,16 @@ class OnlineDetector:
             "latches": {lvl: latch.to_state() for lvl, latch in self._latches.items()},
             "n_updates": self._n_updates, "last_step": self._last_step, "cooldown": dict(self._cooldown),
             "phase": self.phase, "phase_starts": dict(self.phase_starts), "collapse_step": self.collapse_step,
+            "forecast_alerted": self._forecast_alerted,
         }
 
     @classmethod
     def from_state(cls, state: Mapping, cfg: DetectorConfig | None = None, alerts: list[Alert] | None = None,
-                   phase_changes: list[tuple[int, str]] | None = None) -> "OnlineDetector":
-        """A detector in the state `to_state()` returned (with the config it ran with), its past `alerts` and
-        `phase_changes` put back; updating it gives what the original would have given."""
-        det = cls(cfg)
+                   phase_changes: list[tuple[int, str]] | None = None, forecast_model: ForecastModel | None = None,
+                   forecast: list[tuple[int, float]] | None = None) -> "OnlineDetector":
+        """A detector in the state `to_state()` returned (with the config and forecast model it ran with), its past
+        `alerts`, `phase_changes` and `forecast` put back; updating it gives what the original would have given."""
+        det = cls(cfg, forecast_model)
         for name, tr in det._tracks.items():
             tr.load_state(state["tracks"][name], SIGNAL_CANDIDATES[name])
         det._reward.load_state(state["reward"])
@@ -306,9 +326,17 @@ class OnlineDetector:
         det.collapse_step = None if state["collapse_step"] is None else int(state["collapse_step"])
         det.alerts = list(alerts or [])
         det.phase_changes = [(int(s), str(p)) for s, p in (phase_changes or [])]
+        det.forecast = [(int(s), float(p)) for s, p in (forecast or [])]
+        det._forecast_alerted = bool(state.get("forecast_alerted", False))
         return det
 
     def update(self, step: int, signals: Mapping[str, object]) -> list[Alert]:
+        if self._choose_model:
+            self._choose_model = False
+            try:
+                self.forecast_model = model_for(signals)
+            except (OSError, ValueError) as exc:  # a bad $LLD_MONITOR_FORECAST_MODEL must not stop the detector
+                log.warning("no collapse forecast: %s", exc)
         step = int(step)
         if self._last_step is not None and step <= self._last_step:
             log.debug("detector: step %d ignored (not after step %d)", step, self._last_step)
@@ -371,8 +399,20 @@ class OnlineDetector:
         if new_phase != self.phase:
             self._change_phase(step, new_phase, out, confirmed,
                                {STAGNATION: [stag_ev] if stag_ev else [], DECAY: decay_ev, ACCELERATION: accel_ev})
+        if self.forecast_model is not None and self.collapse_step is None:
+            self._forecast_step(step, out)
         self.alerts.extend(out)
         return out
+
+    def _forecast_step(self, step: int, out: list[Alert]) -> None:
+        m = self.forecast_model
+        p = m.probability(detector_features(self))  # type: ignore[union-attr]
+        self.forecast.append((step, p))
+        if p >= THRESHOLD and not self._forecast_alerted:
+            self._forecast_alerted = True
+            self._emit(out, step, "warning", "forecast", p, THRESHOLD,
+                       f"collapse forecast: p = {p:.2f} that the reward collapses within the next {m.horizon} steps "
+                       f"(model {m.name}); the detector's phase is {PHASE_TITLES[self.phase]}")
 
     def _change_phase(self, step: int, new_phase: str, out: list[Alert], confirmed: bool,
                       evidence: dict[str, list[_Evidence]]) -> None:

@@ -16,16 +16,20 @@ from lld_monitor.sinks import StepEvent
 
 from .checkpoint import CHECKPOINT_EVERY, CheckpointRecorder
 from .config import DetectorConfig
+from .forecast_model import AUTO, ForecastModel
 from .online import OnlineDetector
 
 log = logging.getLogger(__name__)
 
 
 class DetectorSink:
-    """`OnlineDetector(config)` fed every stored step, its state checkpointed every `checkpoint_every` steps."""
+    """`OnlineDetector(config, forecast)` fed every stored step, its state checkpointed every `checkpoint_every`
+    steps; its latest p_collapse goes into the step's event (`derived["p_collapse"]`) for the sinks after it.
+    `forecast`: a model, None (no forecast) or AUTO (`detect.forecast_model.model_for` the first row)."""
 
-    def __init__(self, config: DetectorConfig | None = None, checkpoint_every: int = CHECKPOINT_EVERY):
-        self.detector = OnlineDetector(config)
+    def __init__(self, config: DetectorConfig | None = None, checkpoint_every: int = CHECKPOINT_EVERY,
+                 forecast: ForecastModel | str | None = AUTO):
+        self.detector = OnlineDetector(config, forecast)
         self.recorder = CheckpointRecorder(self.detector, every=checkpoint_every)
 
     @property
@@ -35,6 +39,9 @@ class DetectorSink:
 
     def on_step(self, event: StepEvent) -> None:
         event.alerts.extend(self.recorder.update(event.step, event.signals))
+        p = self.detector.p_collapse
+        if p is not None:
+            event.derived["p_collapse"] = p
         if self.recorder.due:
             event.records.append(("detector_state", self.recorder.checkpoint()))
 

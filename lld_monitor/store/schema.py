@@ -137,6 +137,7 @@ DETECTOR_STATE = pa.schema(
         ("state", pa.string()),  # JSON: OnlineDetector.to_state()
         ("alerts", pa.string()),  # JSON: alerts raised since the lineage's previous checkpoint
         ("phase_changes", pa.string()),  # JSON: [step, phase] changes since the previous checkpoint
+        ("forecast", pa.string()),  # JSON: [step, p_collapse] since the previous checkpoint (NULL: written before)
     ]
 )
 

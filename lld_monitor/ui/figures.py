@@ -577,3 +577,53 @@ def lead_figure(leads: pd.DataFrame) -> go.Figure:
                            hovertemplate="%{y}: first alert %{x} steps before collapse<extra></extra>"))
     fig.update_layout(height=120 + 26 * len(d), xaxis_title="steps ahead of the collapse", margin=dict(l=160, r=20, t=30, b=40))
     return fig
+
+
+FORECAST_COLOR = "#6a3d9a"
+
+
+def forecast_figure(forecast: pd.DataFrame | None, bands: pd.DataFrame | None = None, *,
+                    collapse_step: int | None = None, horizon: int | None = None, threshold: float = 0.5,
+                    model: str | None = None, step_range: tuple[float, float] | None = None,
+                    max_points: int = MAX_POINTS, height: int = 240) -> go.Figure:
+    """p_collapse (the chance the reward collapses within the next `horizon` steps) over the run's steps, on the
+    phase bands, with the alert threshold and the reward collapse marked. `forecast`: columns step, p_collapse
+    (defined before the collapse only)."""
+    if forecast is None or forecast.empty:
+        return empty_figure("No collapse forecast for this run (no model, or too few steps yet).", height=height)
+    f = forecast.sort_values("step")
+    steps = f["step"].to_numpy(dtype="float64")
+    p = f["p_collapse"].to_numpy(dtype="float64")
+    if step_range is not None:
+        keep = window(steps, step_range)
+        steps, p = steps[keep], p[keep]
+        bands = clip_bands(bands, step_range)
+        if collapse_step is not None and not step_range[0] <= collapse_step <= step_range[1]:
+            collapse_step = None
+    idx = m4_indices(steps, p, max_points)
+    fig = go.Figure()
+    within = f"within {horizon} steps" if horizon else "soon"
+    fig.add_trace(go.Scatter(x=steps[idx], y=p[idx], mode=_mode(len(idx)), name=f"p(collapse {within})",
+                             line=dict(color=FORECAST_COLOR, width=2),
+                             hovertemplate="step %{x}: p = %{y:.2f}<extra></extra>"))
+    add_phase_bands(fig, bands, rows=1, label=False)  # labelled on the signals' chart above it
+    fig.add_hline(y=threshold, line_color=SEVERITY_COLORS["warning"], line_dash="dot",
+                  annotation_text=f"alert at p ≥ {threshold:g}", annotation_position="bottom left",
+                  annotation_font=dict(size=11, color=SEVERITY_COLORS["warning"]))
+    above = np.flatnonzero(p >= threshold)
+    if above.size:
+        first = steps[above[0]]
+        fig.add_trace(go.Scatter(x=[first], y=[p[above[0]]], mode="markers", name=f"first p ≥ {threshold:g}",
+                                 marker=dict(symbol="diamond", size=11, color=SEVERITY_COLORS["warning"]),
+                                 hovertemplate=f"first p ≥ {threshold:g} at step %{{x}}<extra></extra>"))
+    if collapse_step is not None:
+        fig.add_vline(x=collapse_step, line_color=PHASE_SOLID[COLLAPSE], line_dash="dash",
+                      annotation_text=f"reward collapse @ {collapse_step}", annotation_position="top left",
+                      annotation_font=dict(size=11, color=PHASE_SOLID[COLLAPSE]))
+    title = f"Collapse forecast: p(reward collapses {within})" + (f" · model {model}" if model else "")
+    fig.update_layout(height=height, title=dict(text=title, font=dict(size=14)), showlegend=False,
+                      margin=dict(l=60, r=20, t=40, b=40), xaxis_title="step", hovermode="x")
+    fig.update_yaxes(range=[-0.02, 1.02], title_text="p", tickformat=".1f")
+    if step_range is not None:
+        fig.update_xaxes(range=[step_range[0] - 0.5, step_range[1] + 0.5])
+    return fig

@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from lld_monitor.detect import OnlineDetector, iter_signal_rows
+from lld_monitor.detect.checkpoint import replay_checkpoint, resume
+from lld_monitor.detect.forecast_model import THRESHOLD
+from lld_monitor.detect.offline import view_model
+from lld_monitor.detect.phases import HEALTHY
 from lld_monitor.store import schema
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,7 @@ PHASE_COLORS: dict[str, str] = {  # the bands: the same hues, faint
 }
 PHASE_BADGE: dict[str, str] = {"healthy": "green", "stagnation": "yellow", "decay": "orange", "acceleration": "red",
                                "collapse": "red"}
+FORECAST_THRESHOLD = THRESHOLD  # p at which the detector raises its forecast alert (the pages draw it)
 SEVERITY_COLORS: dict[str, str] = {"info": "#8c8c8c", "warning": "#f28e00", "critical": "#c4001a"}
 SEVERITY_MEANING: dict[str, str] = {  # what an alert marker of each severity means (legends, captions)
     "info": "isolated spike",
@@ -127,6 +133,18 @@ class Detection:
     error: str | None = None
     resumed_step: int | None = None
     replayed: int = 0
+    # (step, p_collapse) before the collapse (lld_monitor.detect.forecast_model); empty without a model
+    forecast: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["step", "p_collapse"]))
+    forecast_model: str | None = None
+    horizon: int | None = None
+    pending: bool = False  # the detector is still replaying the run in the background: nothing above is known yet
+
+    @property
+    def p_collapse(self) -> float | None:
+        """The latest forecast (None: no model, nothing yet, or the reward has collapsed)."""
+        if self.collapse_step is not None or self.forecast.empty:
+            return None
+        return float(self.forecast["p_collapse"].iloc[-1])
 
 
 def detect(signals: pd.DataFrame) -> Detection:
@@ -137,6 +155,8 @@ def detect(signals: pd.DataFrame) -> Detection:
 
 CACHE_MIN_ROWS = 2000
 """A full replay of at least this many steps is cached beside the run (shorter ones replay in well under a second)."""
+BACKGROUND_MIN_ROWS = 1000
+"""A run without stored detector state and more rows than this is replayed in a thread (`update(background=True)`)."""
 
 
 def phase_series(steps: np.ndarray, phase_changes: list[tuple[int, str]], initial: str = "healthy") -> np.ndarray:
@@ -156,11 +176,16 @@ class DetectionTracker:
     Its first update restores the detector from the run's checkpoints when one matches the stored rows
     (`checkpoints`: the reader's `detector_state(run_id)` frame, or a function returning it;
     lld_monitor.detect.checkpoint) and replays only the steps after it; without one it replays the run and hands
-    the result to `cache` (e.g. to store it beside the run). The result is always the full replay's.
-    Thread-safe; resets itself when the run's rows no longer extend what it saw (e.g. a re-import)."""
+    the result to `cache` (e.g. to store it beside the run). With `background=True` a replay of more than
+    `BACKGROUND_MIN_ROWS` rows runs in a thread instead: `update` returns `Detection(pending=True)` until it is
+    done, so a page can draw the run's charts first. The result is always the full replay's. The forecast model is
+    the one for the run's columns (`detect.forecast_model.model_for`). Thread-safe; resets itself when the run's rows no
+    longer extend what it saw (e.g. a re-import)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._job: threading.Thread | None = None
+        self.generation = 0  # counts finished background replays: part of a page's cache key
         self._reset()
 
     @property
@@ -176,58 +201,109 @@ class DetectionTracker:
         self._resumed: int | None = None
         self._alerts_df: pd.DataFrame | None = None
         self._alerts_n = -1
+        self._error: str | None = None
 
-    def update(self, signals: pd.DataFrame, checkpoints=None, cache=None) -> Detection:
+    def update(self, signals: pd.DataFrame, checkpoints=None, cache=None, background: bool = False) -> Detection:
         if signals is None or signals.empty:
             return Detection(error="no steps yet")
-        try:
-            from lld_monitor.detect import OnlineDetector, iter_signal_rows
-            from lld_monitor.detect.checkpoint import replay_checkpoint, resume
-            from lld_monitor.detect.phases import HEALTHY
-        except ImportError as exc:
-            return Detection(error=f"detector unavailable ({exc})")
         logging.getLogger("lld_monitor.detect").setLevel(logging.ERROR)
         with self._lock:
+            if self._job is not None:
+                if self._job.is_alive():
+                    if background:
+                        return Detection(pending=True)
+                    self._job.join()  # a caller that cannot draw without the phases waits for the replay
+                self._job = None
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    self._reset()
+                    return Detection(error=err)
             first = int(signals["step"].min())
             cold = self._det is None or first != self._first or len(signals) < self._rows
+            if cold:
+                self._reset()
+                self._first = first
+                try:
+                    restored = resume(signals, _load(checkpoints), forecast=_model(signals))
+                except Exception:  # noqa: BLE001 - a bad checkpoint must not take the page down: replay instead
+                    log.exception("detector checkpoints could not be used")
+                    restored = None
+                if restored is not None:
+                    self._det, self._last, self._resumed = restored.detector, restored.step, restored.step
+                else:
+                    self._det = OnlineDetector(forecast=_model(signals))
+                    if background and len(signals) > BACKGROUND_MIN_ROWS:
+                        self._job = threading.Thread(target=self._replay, args=(signals, cache), daemon=True,
+                                                     name="detector-replay")
+                        self._job.start()
+                        return Detection(pending=True)
             try:
-                if cold:
-                    self._reset()
-                    self._first = first
-                    restored = resume(signals, _load(checkpoints))
-                    if restored is not None:
-                        self._det, self._last, self._resumed = restored.detector, restored.step, restored.step
-                    else:
-                        self._det = OnlineDetector()
-                new = signals if self._last is None else signals[signals["step"] > self._last]
-                fed = 0
-                for step, row in iter_signal_rows(new):
-                    self._det.update(step, row)
-                    self._last = step
-                    fed += 1
+                fed = self._feed(signals)
             except Exception as exc:  # a detector bug must not take the page down
                 log.exception("detector failed")
                 self._reset()
                 return Detection(error=f"detector failed: {exc}")
-            self._rows = len(signals)
             if cold and self._resumed is None and cache is not None and fed >= CACHE_MIN_ROWS:
-                try:  # compute once: the next reader of this run restores it instead of replaying
-                    cache(replay_checkpoint(self._det, signals))
-                except Exception:  # noqa: BLE001 - a cache is an optimisation, never an error on the page
-                    log.exception("detector cache not written")
-            res = self._det.result()
-            if len(res.alerts) != self._alerts_n:
-                self._alerts_df, self._alerts_n = _alerts_frame(res.alerts), len(res.alerts)
-            steps = np.unique(pd.to_numeric(signals["step"], errors="coerce").dropna().to_numpy(dtype="int64"))
-            return Detection(
-                phase=res.phase,
-                phase_starts={str(k): int(v) for k, v in (res.phase_starts or {}).items() if v is not None},
-                collapse_step=None if res.collapse_step is None else int(res.collapse_step),
-                alerts=self._alerts_df.copy(),
-                phase_by_step=pd.DataFrame({"step": steps, "phase": phase_series(steps, res.phase_changes, HEALTHY)}),
-                resumed_step=self._resumed if cold else None,
-                replayed=fed,
-            )
+                self._write_cache(cache, signals)
+            return self._detection(signals, cold, fed)
+
+    def _feed(self, signals: pd.DataFrame) -> int:
+        new = signals if self._last is None else signals[signals["step"] > self._last]
+        fed = 0
+        for step, row in iter_signal_rows(new):
+            self._det.update(step, row)
+            self._last = step
+            fed += 1
+        self._rows = len(signals)
+        return fed
+
+    def _replay(self, signals: pd.DataFrame, cache) -> None:
+        """The background replay of a run without stored detector state; `update` sees the job alive and returns
+        pending meanwhile, so nothing else touches the detector."""
+        try:
+            self._feed(signals)
+            if cache is not None:
+                self._write_cache(cache, signals)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("detector replay failed")
+            self._error = f"detector failed: {exc}"
+        finally:
+            self.generation += 1
+
+    def _write_cache(self, cache, signals: pd.DataFrame) -> None:
+        try:  # compute once: the next reader of this run restores it instead of replaying
+            cache(replay_checkpoint(self._det, signals))
+        except Exception:  # noqa: BLE001 - a cache is an optimisation, never an error on the page
+            log.exception("detector cache not written")
+
+    def _detection(self, signals: pd.DataFrame, cold: bool, fed: int) -> Detection:
+        res = self._det.result()
+        if len(res.alerts) != self._alerts_n:
+            self._alerts_df, self._alerts_n = _alerts_frame(res.alerts), len(res.alerts)
+        steps = np.unique(pd.to_numeric(signals["step"], errors="coerce").dropna().to_numpy(dtype="int64"))
+        model = self._det.forecast_model
+        return Detection(
+            phase=res.phase,
+            phase_starts={str(k): int(v) for k, v in (res.phase_starts or {}).items() if v is not None},
+            collapse_step=None if res.collapse_step is None else int(res.collapse_step),
+            alerts=self._alerts_df.copy(),
+            phase_by_step=pd.DataFrame({"step": steps, "phase": phase_series(steps, res.phase_changes, HEALTHY)}),
+            resumed_step=self._resumed if cold else None,
+            replayed=fed,
+            forecast=pd.DataFrame(res.forecast, columns=["step", "p_collapse"]),
+            forecast_model=res.forecast_model,
+            horizon=model.horizon if model is not None else None,
+        )
+
+
+def _model(signals: pd.DataFrame):
+    """The forecast model for this run (`detect.offline.view_model`; none if its file cannot be read: the page
+    still draws)."""
+    try:
+        return view_model(signals)
+    except (OSError, ValueError) as exc:
+        log.warning("forecast model unavailable (%s); no forecast", exc)
+        return None
 
 
 def _load(checkpoints) -> pd.DataFrame | None:

@@ -105,20 +105,26 @@ def _as_utc(ts) -> datetime | None:
 
 
 def run_overview(reader, run_id: str, now: datetime | None = None,
-                 tracker: ph.DetectionTracker | None = None, run: dict | None = None) -> RunOverview:
-    """The run row, its signals, detector result (phases, alerts) and live status.
+                 tracker: ph.DetectionTracker | None = None, run: dict | None = None,
+                 background: bool = False) -> RunOverview:
+    """The run row, its signals, detector result (phases, alerts, forecast) and live status.
 
     `tracker`: a DetectionTracker kept for this run between refreshes (only new steps are fed to the
     detector); None replays the whole run. `run`: the run's row when the caller already has it (the
-    sidebar's runs table), else it is read."""
+    sidebar's runs table), else it is read. `background`: a long run without stored detector state is replayed
+    in a thread; until it is done the overview has the signals and stored alerts, `detection.pending` is True."""
     run = dict(run) if run is not None else dict(reader.run(run_id))
     signals = reader.signals(run_id)
     stored = reader.alerts(run_id)
-    detection = run_detection(reader, run_id, signals, tracker)
+    detection = run_detection(reader, run_id, signals, tracker, background)
     alerts = ph.merge_alerts(stored, detection.alerts)
     notes = []
     if detection.error:
         notes.append(f"Phases: {detection.error}.")
+    if detection.pending:
+        notes.append(f"Phases, alerts and the collapse forecast are being computed: this run has no stored detector "
+                     f"state, so its {len(signals):,} steps are replayed once (then stored beside it); they appear "
+                     "here when that is done.")
     n = int(len(signals))
     last = int(signals["step"].iloc[-1]) if n else None
     bands = ph.bands_from_series(detection.phase_by_step)
@@ -135,7 +141,8 @@ def run_overview(reader, run_id: str, now: datetime | None = None,
                        seconds_since_last_step=since, notes=notes)
 
 
-def run_detection(reader, run_id: str, signals: pd.DataFrame, tracker: ph.DetectionTracker | None = None) -> ph.Detection:
+def run_detection(reader, run_id: str, signals: pd.DataFrame, tracker: ph.DetectionTracker | None = None,
+                  background: bool = False) -> ph.Detection:
     """The detector over the run's signals: a warm `tracker` feeds only new steps; a cold one restores the
     detector from the run's checkpoints (written online by RunLogger) and replays only the steps after them.
     A run without usable checkpoints (imported, older) is replayed once and the result cached beside it
@@ -144,12 +151,13 @@ def run_detection(reader, run_id: str, signals: pd.DataFrame, tracker: ph.Detect
 
     return (tracker or ph.DetectionTracker()).update(
         signals, checkpoints=lambda: reader.detector_state(run_id),
-        cache=lambda row: write_detector_cache(reader.path, run_id, row))
+        cache=lambda row: write_detector_cache(reader.path, run_id, row), background=background)
 
 
-def run_phase(reader, run_id: str, tracker: ph.DetectionTracker | None = None) -> str | None:
-    """The run's current phase (detector on its signals), None when it has no steps."""
-    return run_detection(reader, run_id, reader.signals(run_id), tracker).phase
+def run_phase(reader, run_id: str, tracker: ph.DetectionTracker | None = None, background: bool = False) -> str | None:
+    """The run's current phase (detector on its signals), None when it has no steps (or, with `background`, while
+    a long run without stored detector state is being replayed)."""
+    return run_detection(reader, run_id, reader.signals(run_id), tracker, background).phase
 
 
 def stored_phases(reader) -> dict[str, str]:

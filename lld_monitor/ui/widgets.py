@@ -112,15 +112,26 @@ def tracker(path: str, run_id: str) -> ph.DetectionTracker:
 
 # a few entries: each holds the run's signals (a 200,000-step run: ~60 MB pickled), and a live run makes a new
 # version every refresh, so old entries are only memory
+def cached_overview(path: str, run_id: str, version: tuple, run: dict | None = None) -> q.RunOverview:
+    """The run's overview; a long run without stored detector state gets its charts at once and its phases,
+    alerts and forecast when the detector's background replay is done (`ov.detection.pending` until then: the
+    tracker's generation, part of the cache key, moves when it finishes). `run` (the sidebar's row) saves a
+    runs() scan."""
+    return _cached_overview(path, run_id, version, tracker(path, run_id).generation, run)
+
+
 @st.cache_data(max_entries=12, show_spinner=False)
-def cached_overview(path: str, run_id: str, version: tuple, _run: dict | None = None) -> q.RunOverview:
-    """`_run` (the sidebar's row of the run; not part of the cache key, `version` is) saves a runs() scan."""
-    return with_reader(path, q.run_overview, run_id, tracker=tracker(path, run_id), run=_run)
+def _cached_overview(path: str, run_id: str, version: tuple, generation: int, _run: dict | None) -> q.RunOverview:
+    return with_reader(path, q.run_overview, run_id, tracker=tracker(path, run_id), run=_run, background=True)
+
+
+def cached_phase(path: str, run_id: str, version: tuple) -> str | None:
+    return _cached_phase(path, run_id, version, tracker(path, run_id).generation)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def cached_phase(path: str, run_id: str, version: tuple) -> str | None:
-    return with_reader(path, q.run_phase, run_id, tracker=tracker(path, run_id))
+def _cached_phase(path: str, run_id: str, version: tuple, generation: int) -> str | None:
+    return with_reader(path, q.run_phase, run_id, tracker=tracker(path, run_id), background=True)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -9,6 +9,8 @@ What is logged (all under the ``lld/`` prefix, so nothing collides with the trai
   (declared with ``define_metric``; we never pass ``step=`` to ``run.log``, so the trainer's own step
   counter is never disturbed);
 - ``lld/phase`` (index into ``schema.PHASES``; the detector's current phase), ``lld/alerts_total``;
+- ``lld/p_collapse``: the detector's forecast (the chance the reward collapses within its horizon), from the step's
+  event as the online detector computed it;
 - ``lld/alerts``: a table of every alert so far (re-logged only when a new alert arrives);
 - with ``notify=True``: ``run.alert(...)`` for critical alerts (W&B e-mail / Slack), at most one per
   ``notify_every_s`` seconds.
@@ -111,7 +113,7 @@ class WandbExporter:
 
     # ---------------------------------------------------------------- as a RunLogger sink
     def on_step(self, event: StepEvent) -> None:
-        self.log_step(event.step, event.signals, event.alerts)
+        self.log_step(event.step, {**event.signals, **event.derived}, event.alerts)
 
     def on_close(self, status: str) -> None:
         return None

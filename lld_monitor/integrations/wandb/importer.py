@@ -26,8 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .write_run import ImportResult, ImportSpec, write_run
 from .offline_file import WandbRunData, read_offline_runs
+from .write_run import ImportResult, ImportSpec, write_run
 
 log = logging.getLogger(__name__)
 

@@ -70,6 +70,7 @@ class ImportResult:
     problems: list[str] = field(default_factory=list)
     summary_keys: list[str] = field(default_factory=list)  # summary-only scalars kept in metrics
     samples: int = 0  # `samples` rows from TRL completions tables
+    detector_seconds: float = 0.0  # the detector's replay stored beside the run (phases, alerts, forecast)
 
     @property
     def rows_per_s(self) -> float:
@@ -303,7 +304,11 @@ def write_run(
         raise
     bar.close()
     _finish(writer, spec.status)
+    t_det = time.perf_counter()
     problems = list(profile.notes) + extra_notes
+    if not store_detector_replay(store, run_id):
+        problems.append("the detector's replay could not be stored: the dashboard replays the run when it opens it")
+    t_det = time.perf_counter() - t_det
     if acc.late:
         problems.append(f"{acc.late} history row(s) for already written steps were dropped")
     if acc.unstepped:
@@ -326,7 +331,29 @@ def write_run(
         problems=problems,
         summary_keys=summary_keys,
         samples=n_samples,
+        detector_seconds=t_det,
     )
+
+
+def store_detector_replay(store: str, run_id: str) -> bool:
+    """Replay the detector (with the run's forecast model, `detect.offline.view_model`) over the imported run and
+    store its state beside the run (store/detector_cache.py): the dashboard, `detect` and `forecast` restore it
+    instead of replaying a run that has no online checkpoints. False (logged) when it could not be stored."""
+    from lld_monitor.detect.checkpoint import detect_resumed, replay_checkpoint
+    from lld_monitor.detect.offline import view_model
+    from lld_monitor.store import open_store_reader
+    from lld_monitor.store.detector_cache import write_detector_cache
+
+    try:
+        with open_store_reader(store) as reader:
+            signals = reader.signals(run_id)
+        if signals.empty:
+            return True
+        det, _ = detect_resumed(signals, None, None, view_model(signals))
+        return write_detector_cache(store, run_id, replay_checkpoint(det, signals)) is not None
+    except Exception:  # noqa: BLE001 - the import itself is done; only the first look gets slower
+        log.exception("detector replay of imported run %s not stored", run_id)
+        return False
 
 
 def _append_summary_and_tables(writer: Any, spec: ImportSpec, acc: _Accumulator) -> tuple[list[str], list[str], int]:
