@@ -80,6 +80,7 @@ class BucketRunWriter(RunWriter):
         self._outage_warned = 0.0
         self.uploads = 0
         self._seq_lock = threading.Lock()
+        self._published_keys: set[str] = set()
 
     # ---------------------------------------------------------------- creation
     @classmethod
@@ -247,11 +248,15 @@ class BucketRunWriter(RunWriter):
         except Exception as e:  # noqa: BLE001 - handed back to _publish_locked, which raises the first
             return e
 
+    def _listed_keys(self) -> set[str]:
+        return {self._key(t, s["file"]) for t, segs in self._manifest["segments"].items() for s in segs}
+
     def _put_manifest(self) -> None:
         body = layout.dumps(self._manifest).encode()
         key = _manifest_key(self.run_id, self.rank)
         try:
             self._etag = self.bucket.put(key, body, if_match=self._etag)
+            self._published_keys = self._listed_keys()
         except ObjectChanged:
             try:
                 current, info = self.bucket.get(key)
@@ -261,7 +266,10 @@ class BucketRunWriter(RunWriter):
             if info is not None and theirs.get("token") == self._token:
                 self._etag = info.etag  # our own earlier PUT landed but its answer was lost
                 self._etag = self.bucket.put(key, body, if_match=self._etag)
+                self._published_keys = self._listed_keys()
                 return
+            for orphan in self._listed_keys() - self._published_keys:  # uploaded for a manifest never published
+                self.bucket.delete(orphan)
             raise WriterConflictError(
                 f"run {self.run_id!r} rank {self.rank}: its manifest in {self.bucket.url} was replaced by another writer "
                 f"(pid {theirs.get('pid')} on {theirs.get('host')}); this writer stops writing so the two do not "
