@@ -1,5 +1,8 @@
 """The trainer side of a store in a bucket (`s3://bucket/prefix`): RunWriter with no rename anywhere.
 
+`BucketWriting` holds RunWriter's file operations done on a bucket; `writer.BucketRunWriter` is the two together
+(`RunWriter.create("s3://...")` makes one), so this module needs nothing from writer.py.
+
 The layout is the folder's (docs/store.md), as object keys under the prefix. What changes:
 
 - **Segments** are written once, under keys that name their writer and sequence (`<table>/r<R>-<seq>-L<level>.parquet`),
@@ -44,13 +47,16 @@ from .bucket import Bucket, ObjectChanged, ObjectExists, md5_etag
 from .convert import schema_fingerprint
 from .errors import BucketUnavailable, StoreError, WriterConflictError
 from .storedir import open_bucket_store_for_write
-from .writer import RunWriter, WriterConfig, _now_iso
 
 log = logging.getLogger(__name__)
 
 FINISH_RETRY_S = 60.0  # finish() keeps trying to publish this long while the bucket is out of reach
 OUTAGE_WARN_EVERY_S = 30.0
 CACHE_DIRS = (layout.DETECTOR_CACHE_DIR, "derived")  # a run's derived files, not carried over by overwrite=True
+
+
+def _now_iso() -> str:
+    return layout.iso(layout.utcnow())  # type: ignore[return-value]
 
 
 def _run_prefix(run_id: str) -> str:
@@ -61,12 +67,23 @@ def _manifest_key(run_id: str, rank: int) -> str:
     return f"{_run_prefix(run_id)}/{layout.MANIFEST_PREFIX}{rank}.json"
 
 
-class BucketRunWriter(RunWriter):
-    """One rank of one run in a bucket. Create it with `RunWriter.create("s3://...", ...)`."""
+class BucketWriting:
+    """RunWriter's file operations on a bucket (a mixin before RunWriter: `writer.BucketRunWriter`). Create one with
+    `RunWriter.create("s3://...", ...)`."""
+
+    # what RunWriter provides (this class only ever runs mixed into it)
+    _lock: Any
+    _buffers: dict[str, list[pa.Table]]
+    _manifest: dict[str, Any]
+    _record: dict[str, Any]
+    cfg: Any
+    run_id: str
+    rank: int
+    rows_written: dict[str, int]
 
     def __init__(self, bucket: Bucket, run_id: str, rank: int, record: dict[str, Any], manifest: dict[str, Any],
-                 cfg: WriterConfig, etag: str, previous: dict[str, Any] | None):
-        super().__init__(Path(bucket.url), run_id, rank, record, manifest, cfg, None)  # type: ignore[arg-type]
+                 cfg: Any, etag: str, previous: dict[str, Any] | None):
+        super().__init__(Path(bucket.url), run_id, rank, record, manifest, cfg, None)  # type: ignore[call-arg]
         self.bucket = bucket
         self.store = bucket.url  # type: ignore[assignment]
         self._etag = etag
@@ -81,12 +98,12 @@ class BucketRunWriter(RunWriter):
         self.uploads = 0
         self._seq_lock = threading.Lock()
         self._published_keys: set[str] = set()
+        self._conflict: WriterConflictError | None = None
 
     # ---------------------------------------------------------------- creation
     @classmethod
     def create_in_bucket(cls, url: str, name: str, mode: str, *, source: str, config: dict | None, model: str | None,
-                         run_id: str, rank: int, world_size: int, overwrite: bool,
-                         writer_config: WriterConfig | None) -> "BucketRunWriter":
+                         run_id: str, rank: int, world_size: int, overwrite: bool, writer_config: Any):
         bucket = Bucket(url)
         open_bucket_store_for_write(bucket)
         record, manifest = cls._new_record(run_id, name, mode, source, config, model, rank, world_size)
@@ -121,7 +138,7 @@ class BucketRunWriter(RunWriter):
                 bucket.put(run_key, layout.dumps(record).encode(), create=True)
             except ObjectExists:
                 pass
-        w = cls(bucket, run_id, rank, record, manifest, writer_config or WriterConfig(), etag, previous)
+        w = cls(bucket, run_id, rank, record, manifest, writer_config, etag, previous)
         log.debug("writing run %s rank %d into %s", run_id, rank, bucket.url)
         return w
 
@@ -221,6 +238,8 @@ class BucketRunWriter(RunWriter):
     def _publish_locked(self) -> None:
         """Upload what is spooled (in parallel), then this rank's manifest (If-Match), then run.json if it changed.
         BucketUnavailable leaves everything queued for the next call."""
+        if self._conflict is not None:
+            raise self._conflict
         if self._unsent:
             todo = list(self._unsent)
             results: list[Any] = self.bucket.map(lambda te: self._try(self._upload, te[0], te[1]["file"]), todo)
@@ -270,11 +289,12 @@ class BucketRunWriter(RunWriter):
                 return
             for orphan in self._listed_keys() - self._published_keys:  # uploaded for a manifest never published
                 self.bucket.delete(orphan)
-            raise WriterConflictError(
+            self._conflict = WriterConflictError(
                 f"run {self.run_id!r} rank {self.rank}: its manifest in {self.bucket.url} was replaced by another writer "
                 f"(pid {theirs.get('pid')} on {theirs.get('host')}); this writer stops writing so the two do not "
                 "interleave. Two trainers must not log the same run and rank: give the second its own run_id."
-            ) from None
+            )
+            raise self._conflict from None
 
     def _write_manifest(self) -> None:
         final = self._manifest.get("status") != "running"

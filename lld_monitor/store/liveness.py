@@ -12,6 +12,15 @@ import psutil
 
 #: a writer on another host whose heartbeat is older than this is taken as gone
 DEFAULT_STALE_AFTER_S = 300.0
+STALE_AFTER_ENV = "LLD_MONITOR_STALE_AFTER_S"  # the dashboard's and CLI's value, where set
+
+
+def stale_after_s() -> float:
+    """`$LLD_MONITOR_STALE_AFTER_S`, else DEFAULT_STALE_AFTER_S (300 s)."""
+    try:
+        return float(os.environ.get(STALE_AFTER_ENV) or DEFAULT_STALE_AFTER_S)
+    except ValueError:
+        return DEFAULT_STALE_AFTER_S
 
 
 def this_host() -> str:

@@ -87,7 +87,7 @@ class RunState:
 class StoreReader:
     """Read-only view of a store. Methods return pandas DataFrames; thread-safe."""
 
-    def __init__(self, path: str | os.PathLike, *, stale_after_s: float = liveness.DEFAULT_STALE_AFTER_S,
+    def __init__(self, path: str | os.PathLike, *, stale_after_s: float | None = None,
                  retries: int = 20, retry_sleep_s: float = 0.05, mirror_dir: str | os.PathLike | None = None,
                  poll_s: float | None = None):
         """`path`: a store folder, or a bucket prefix (`s3://bucket/prefix`), read through a local mirror
@@ -103,7 +103,7 @@ class StoreReader:
             self.path, self.schema_version = inspect_store(path)
             self.location = str(self.path)
         self._beats = liveness.HeartbeatWatch()
-        self.stale_after_s = stale_after_s
+        self.stale_after_s = liveness.stale_after_s() if stale_after_s is None else stale_after_s
         self.retries = retries
         self.retry_sleep_s = retry_sleep_s
         self._con = duckdb.connect(":memory:")
@@ -488,6 +488,10 @@ class StoreReader:
             return self._cached(("token_steps", tuple(files)), listed)
 
         return self._retry(go)
+
+    def token_counts(self, run_id: str) -> pd.DataFrame:
+        """step, n: how many token rows each token-logged step of the run holds (all ranks)."""
+        return self._run_query(run_id, "tokens", "SELECT step, count(*) AS n FROM {src} GROUP BY step ORDER BY step")
 
     def alerts(self, run_id: str) -> pd.DataFrame:
         return self._run_query(run_id, "alerts", "SELECT * FROM {src} ORDER BY step")

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import layout, liveness, schema, stepset
+from .bucket_writer import BucketWriting
 from .convert import conform, schema_fingerprint, to_table
 from .errors import BucketUnavailable, StoreError
 from .location import is_bucket
@@ -97,11 +98,9 @@ class RunWriter:
         prefix (`s3://bucket/prefix`: see bucket_writer.py)."""
         run_id = cls._check_args(name, mode, source, rank, world_size, run_id)
         if is_bucket(store_path):
-            from .bucket_writer import BucketRunWriter
-
             return BucketRunWriter.create_in_bucket(
                 str(store_path), name, mode, source=source, config=config, model=model, run_id=run_id, rank=rank,
-                world_size=world_size, overwrite=overwrite, writer_config=writer_config)
+                world_size=world_size, overwrite=overwrite, writer_config=writer_config or WriterConfig())
         store = open_store_for_write(store_path)
         rdir = layout.run_dir(store, run_id)
         mpath = layout.manifest_path(store, run_id, rank)
@@ -504,3 +503,8 @@ class RunWriter:
         if len(keep) != len(self._manifest["retired"]):
             self._manifest["retired"] = keep
             self._write_manifest()
+
+
+class BucketRunWriter(BucketWriting, RunWriter):
+    """RunWriter on object storage: the same segments, manifest and compaction, written with create-only and
+    conditional PUTs instead of renames (bucket_writer.py)."""

@@ -17,6 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from lld_monitor.store import dashboard_store_path
+from lld_monitor.store.location import canonical, exists_locally, is_bucket
 from lld_monitor.ui import phase_bands as ph
 from lld_monitor.ui import queries as q
 
@@ -49,6 +50,13 @@ class StoreProblem(Exception):
 def _open(path: str):
     from lld_monitor.store import NewerSchemaError, NotAStoreError, StoreError, open_store_reader
 
+    if is_bucket(path):
+        try:
+            return open_store_reader(path)
+        except (NotAStoreError, NewerSchemaError) as exc:
+            raise StoreProblem(f"`{path}` is not a readable lld-monitor store: {exc}") from exc
+        except StoreError as exc:
+            raise StoreProblem(f"Cannot read the store `{path}`: {exc}") from exc
     p = Path(path).expanduser()
     if not p.exists():
         raise StoreProblem(
@@ -76,8 +84,8 @@ def with_reader(path: str, fn, *args, **kwargs):
     """fn(reader, ...) on the store at `path`; store errors become a StoreProblem with the text to show."""
     from lld_monitor.store import RunNotFoundError, StoreError
 
-    resolved = str(Path(path).expanduser().resolve())
-    if not Path(resolved).exists():
+    resolved = canonical(path)
+    if not exists_locally(resolved):
         _reader.clear()
         _open(resolved)  # raises the "no store" StoreProblem
     reader = _reader(resolved)
