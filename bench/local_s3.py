@@ -180,6 +180,10 @@ class DelayProxy:
     def down(self) -> None:
         s, self._sock = self._sock, None
         if s is not None:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it (close alone does not, on Linux)
+            except OSError:
+                pass
             s.close()
         with self._lock:
             conns, self._conns = self._conns, []

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 FINISH_RETRY_S = 60.0  # finish() keeps trying to publish this long while the bucket is out of reach
 OUTAGE_WARN_EVERY_S = 30.0
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 8.0  # while out of reach, uploads are tried again after 1, 2, 4, 8, 8, ... s
 CACHE_DIRS = (layout.DETECTOR_CACHE_DIR, "derived")  # a run's derived files, not carried over by overwrite=True
 
 
@@ -99,6 +100,8 @@ class BucketWriting:
         self._seq_lock = threading.Lock()
         self._published_keys: set[str] = set()
         self._conflict: WriterConflictError | None = None
+        self._next_try = 0.0
+        self._backoff = RETRY_FIRST_S
 
     # ---------------------------------------------------------------- creation
     @classmethod
@@ -298,6 +301,8 @@ class BucketWriting:
 
     def _write_manifest(self) -> None:
         final = self._manifest.get("status") != "running"
+        if not final and self._outage_since is not None and time.monotonic() < self._next_try:
+            return  # out of reach: the flush only spooled its segments; the next try comes after a backoff
         deadline = time.monotonic() + FINISH_RETRY_S
         while True:
             try:
@@ -355,6 +360,10 @@ class BucketWriting:
         now = time.monotonic()
         if self._outage_since is None:
             self._outage_since = now
+            self._backoff = RETRY_FIRST_S
+        else:
+            self._backoff = min(RETRY_MAX_S, self._backoff * 2)
+        self._next_try = now + self._backoff
         if now - self._outage_warned >= OUTAGE_WARN_EVERY_S:
             self._outage_warned = now
             log.warning("run %s rank %d: %s; %d segment(s) wait in %s and are uploaded when it is back (training goes "
