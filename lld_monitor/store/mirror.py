@@ -149,13 +149,24 @@ class BucketMirror:
             if self.version is None:
                 return
             self._mirror_store_json()
-        run_ids, _ = self.bucket.list_dir(layout.RUNS_DIR)
-        present = set(run_ids)
         now = time.monotonic()
-        todo = [rid for rid in run_ids if layout.valid_run_id(rid)
-                and not (rid in self._runs and self._runs[rid].finished and now - self._runs[rid].checked < self.recheck_s
-                         and (self.root / layout.RUNS_DIR / rid).is_dir())]
-        listings = self.bucket.map(lambda rid: self.bucket.list_dir(f"{layout.RUNS_DIR}/{rid}"), todo)
+
+        def due(rid: str) -> bool:
+            st = self._runs.get(rid)
+            return not (st is not None and st.finished and now - st.checked < self.recheck_s
+                        and (self.root / layout.RUNS_DIR / rid).is_dir())
+
+        # one round trip for the run list and the runs known to be live, a second one only for runs new to us
+        known = [rid for rid in self._runs if due(rid)]
+        first = self.bucket.map(lambda p: self.bucket.list_dir(p),
+                                [layout.RUNS_DIR] + [f"{layout.RUNS_DIR}/{rid}" for rid in known])
+        run_ids = first[0][0]
+        present = set(run_ids)
+        got = {rid: lst for rid, lst in zip(known, first[1:]) if rid in present}
+        new = [rid for rid in run_ids if layout.valid_run_id(rid) and rid not in got and due(rid)]
+        got.update(zip(new, self.bucket.map(lambda rid: self.bucket.list_dir(f"{layout.RUNS_DIR}/{rid}"), new)))
+        todo = list(got)
+        listings = [got[rid] for rid in todo]
         changed: list[tuple[str, ObjectInfo]] = []
         caches: list[str] = []
         for rid, (subs, objs) in zip(todo, listings):
