@@ -75,7 +75,7 @@ def _open(path: str):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _reader(resolved: str):
-    """One StoreReader per store folder, shared by all sessions (it is thread-safe, re-reads the runs'
+    """One StoreReader per store (folder or bucket prefix), shared by all sessions (it is thread-safe, re-reads the runs'
     manifests on every query and never locks anything the writer needs)."""
     return _open(resolved)
 
@@ -228,7 +228,8 @@ def sidebar() -> Context:
     if "store_path" not in st.session_state:
         st.session_state["store_path"] = _qp("store") or default_store()
     store = sb.text_input("Store location", key="store_path",
-                          help="Folder of an lld-monitor store (default: the bundled sample_runs/).").strip()
+                          help="Folder of an lld-monitor store, or a bucket prefix such as s3://bucket/runs (read with the "
+                          "AWS_* variables of the server's environment; default: the bundled sample_runs/).").strip()
     ctx = Context(store=store)
     try:
         ctx.runs = cached_runs(store)
