@@ -32,6 +32,8 @@ SUITES: dict[str, tuple[str, dict, dict]] = {
     "lld": ("bench.suites", {"reps": 7}, {"reps": 2}),
     "scale": ("bench.suites", {"sizes": (20_000, 200_000), "reps": 3, "rounds": 3},
               {"sizes": (20_000,), "reps": 1, "rounds": 1}),
+    # a store in a bucket vs the same store in a folder (SeaweedFS on loopback behind a +20 ms proxy, or --store)
+    "bucket": ("bench.bucket_bench", {"reps": 5}, {"reps": 2, "first_look_steps": 2_000, "log_steps": 20}),
 }
 # groups whose run function is not called `run`
 ENTRY = {"ingest": "ingest", "queries": "queries", "end-to-end": "end_to_end", "lld": "lld_overhead",
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes (a smoke run)")
     p.add_argument("--out", default="bench/results", help="folder for bench.json and bench.md")
     p.add_argument("--sizes", default="", help="queries group: store sizes in millions of token rows, e.g. 1,10,100")
+    p.add_argument("--store", default="", help="bucket group: an s3://bucket/prefix (AWS_* variables) to measure "
+                   "instead of a SeaweedFS started on loopback behind a +20 ms proxy")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     groups = [g for g in (args.only.split(",") if args.only else SUITES) if g]
@@ -87,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = dict(quick if args.quick else full)
         if g == "queries" and args.sizes:
             kwargs["sizes_m"] = tuple(int(x) for x in args.sizes.split(","))
+        if g == "bucket" and args.store:
+            kwargs["store"] = args.store
         figs.extend(fn(**kwargs))
         log.info("%s done in %.1f s", g, time.perf_counter() - t0)
     md = to_markdown(figs, meta)

@@ -43,6 +43,7 @@ from .detect.sink import DetectorSink
 from .roles import ROLE_TOOL, ROLES
 from .sinks import Sink, StepEvent
 from .store import RunWriter, WriterConfig, schema
+from .store.errors import WriterConflictError
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,7 @@ class RunLogger:
         self.errors = 0
         self.steps_logged = 0
         self._warned_rank_scalars = False
+        self._conflict = False
         self._thread = threading.Thread(target=self._loop, name=f"RunLogger[{self.run_id}:{rank}]", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -310,6 +312,11 @@ class RunLogger:
             if pending >= self.flush_every_steps or now - last_flush >= self.flush_every_s:
                 try:
                     self._writer.flush()
+                except WriterConflictError as e:  # said once: every later flush is refused the same way
+                    self.errors += 1
+                    if not self._conflict:
+                        self._conflict = True
+                        log.error("run %s: %s", self.run_id, e)
                 except Exception:  # noqa: BLE001
                     self.errors += 1
                     log.exception("run %s: flush failed; will retry", self.run_id)

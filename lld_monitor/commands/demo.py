@@ -34,7 +34,8 @@ DEMO_SEED = 2
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None,
-                   help="demo store folder; must not exist yet or be empty (default: a fresh temporary folder)")
+                   help="demo store: a folder that does not exist yet or is empty, or an empty s3://bucket/prefix "
+                   "(default: a fresh temporary folder)")
     p.add_argument("--steps", type=int, default=None,
                    help="GRPO steps of each live run (default: the config's, 250 in scripts/spiral_config.json)")
     p.add_argument("--config", default=None,
@@ -47,10 +48,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
 
 
-def prepare_store(store: str | None, samples: Path = SAMPLE_RUNS) -> Path:
-    """A fresh store folder holding a copy of the sample runs (or an empty store when there are none)."""
+def prepare_store(store: str | None, samples: Path = SAMPLE_RUNS) -> Path | str:
+    """A fresh store folder (or bucket prefix) holding a copy of the sample runs (or an empty store when there are
+    none)."""
+    from lld_monitor.store.location import is_bucket
     from lld_monitor.store.storedir import open_store_for_write
 
+    if is_bucket(store):
+        return _prepare_bucket(str(store), samples)
     if store is None:
         path = Path(tempfile.mkdtemp(prefix="lld-demo-"))
     else:
@@ -68,7 +73,23 @@ def prepare_store(store: str | None, samples: Path = SAMPLE_RUNS) -> Path:
     return path
 
 
-def trainer_command(mode: str, store: Path, steps: int | None, seed: int, config: str | None = None) -> list[str]:
+def _prepare_bucket(url: str, samples: Path) -> str:
+    """The sample runs uploaded under an empty bucket prefix (create-only PUTs: nothing there is overwritten)."""
+    from lld_monitor.store.bucket import Bucket
+    from lld_monitor.store.storedir import inspect_bucket_store, open_bucket_store_for_write
+
+    bucket = Bucket(url)
+    if inspect_bucket_store(bucket) is not None:
+        raise FileExistsError(f"{url} already holds a store; the demo needs a fresh prefix (pass another --store)")
+    open_bucket_store_for_write(bucket)
+    if (samples / "runs").is_dir():
+        files = [f for f in sorted((samples / "runs").rglob("*")) if f.is_file() and not f.name.endswith(".bak")]
+        bucket.map(lambda f: bucket.put(f.relative_to(samples).as_posix(), f.read_bytes(), create=True), files)
+        log.info("uploaded %d file(s) of the sample runs to %s", len(files), url)
+    return url
+
+
+def trainer_command(mode: str, store: Path | str, steps: int | None, seed: int, config: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "lld_monitor.cli", "train", "--mode", mode, "--store", str(store),
            "--seed", str(seed), "--run-name", f"demo-{mode}-seed{seed}", "--no-progress"]
     if steps is not None:
@@ -78,7 +99,7 @@ def trainer_command(mode: str, store: Path, steps: int | None, seed: int, config
     return cmd
 
 
-def _first_step_logged(store: Path) -> bool:
+def _first_step_logged(store: Path | str) -> bool:
     """True once any live demo run has a step row in the store."""
     from lld_monitor.store import StoreError, open_store_reader
 
@@ -113,6 +134,8 @@ def _stop(proc: subprocess.Popen, name: str, timeout: float = 15.0) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lld_monitor.store import StoreError
+
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     modes = [m.replace("_", "-") for m in modes]  # llds_ma (the store's spelling) is accepted too
     bad = [m for m in modes if m not in ("vanilla", "llds", "llds-ma")]
@@ -121,14 +144,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         store = prepare_store(args.store)
-    except (FileExistsError, OSError) as e:
+    except (FileExistsError, OSError, StoreError) as e:
         print(f"lld-monitor demo: {e}", file=sys.stderr)
         return 2
     config = args.config
     if config is None and SPIRAL_CONFIG.exists():
         config = str(SPIRAL_CONFIG)
-    logs = store.with_name(store.name + "-logs")
-    logs.mkdir(exist_ok=True)
+    if isinstance(store, Path):
+        logs = store.with_name(store.name + "-logs")
+        logs.mkdir(exist_ok=True)
+    else:  # a bucket: the trainers' logs stay on this machine
+        logs = Path(tempfile.mkdtemp(prefix="lld-demo-logs-"))
     log.info("demo store: %s (trainer logs in %s)", store, logs)
 
     def _term(signum, frame):  # SIGTERM to the demo behaves like Ctrl-C

@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import sys
-from pathlib import Path
 
 import pandas as pd
 
@@ -36,6 +35,7 @@ from lld_monitor.detect import (
 )
 from lld_monitor.detect.forecast_model import AUTO, ForecastModel
 from lld_monitor.store import default_store_path
+from lld_monitor.store.location import exists_locally
 
 HELP = f"name each run's phase ({' / '.join(PHASES)}) and list its early-warning alerts"
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=default_store_path(),
-                        help="run store folder (default: $LLD_MONITOR_STORE or ./lld_runs)")
+                        help="run store: a folder or s3://bucket/prefix (default: $LLD_MONITOR_STORE or ./lld_runs)")
     parser.add_argument("--run", action="extend", nargs="+", metavar="NAME",
                         help="run name(s) or id(s): --run A B, or --run A --run B (default: every run in the store)")
     parser.add_argument("--json", action="store_true", help="print the JSON contract instead of text")
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = _load_config(getattr(args, "config", None))
     store = args.store
-    if not Path(store).exists():
+    if not exists_locally(store):
         print(f"lld-monitor detect: no store at {store!r}; pass --store PATH (a folder made by "
               f"`lld-monitor train` or `lld-monitor import-wandb`)", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from lld_monitor.detect import detect_run, load_detector_config
 from lld_monitor.detect.forecast_model import HORIZON, INPUTS, ForecastModel
 from lld_monitor.detect.offline import run_model
 from lld_monitor.store import default_store_path
+from lld_monitor.store.location import exists_locally
 
 HELP = "the chance each run's reward collapses within the next steps (p_collapse), or `forecast fit` a model"
 
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", nargs="?", choices=("fit",),
                         help="fit: fit a model on the store's runs (k-fold by run) and write it to --out")
     parser.add_argument("--store", default=default_store_path(),
-                        help="run store folder (default: $LLD_MONITOR_STORE or ./lld_runs)")
+                        help="run store: a folder or s3://bucket/prefix (default: $LLD_MONITOR_STORE or ./lld_runs)")
     parser.add_argument("--run", action="extend", nargs="+", metavar="NAME",
                         help="run name(s) or id(s) (default: every run in the store)")
     parser.add_argument("--horizon", type=int, default=None,
@@ -65,7 +66,7 @@ def _model(path: str | None, signals) -> ForecastModel | None:
 def _open(store: str):
     from lld_monitor.store import NotAStoreError, StoreError, open_store_reader
 
-    if not Path(store).exists():
+    if not exists_locally(store):
         raise SystemExit(f"lld-monitor forecast: no store at {store!r}; pass --store PATH")
     try:
         return open_store_reader(store)

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "never stored or printed, and there is deliberately no --api-key flag (it would land in shell history)."
     )
     parser.add_argument("--store", default=default_store_path(), metavar="PATH",
-                        help="store folder (default: $LLD_MONITOR_STORE, else ./lld_runs)")
+                        help="store: a folder or s3://bucket/prefix (default: $LLD_MONITOR_STORE, else ./lld_runs)")
     src = parser.add_argument_group("what to import (online: --entity and --project; or --offline)")
     src.add_argument("--entity", help="W&B entity (user or team)")
     src.add_argument("--project", help="W&B project")

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from lld_monitor.store import default_store_path
 
     parser.add_argument("--store", default=default_store_path(), metavar="PATH",
-                        help="store folder (default: $LLD_MONITOR_STORE, else ./lld_runs)")
+                        help="store: a folder or s3://bucket/prefix (default: $LLD_MONITOR_STORE, else ./lld_runs)")
     parser.add_argument("--json", action="store_true", help='print {"runs": [...]} (a stable public contract)')
 
 

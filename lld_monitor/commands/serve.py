@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lld_monitor.detect.forecast_model import MODEL_ENV, ForecastModel
 from lld_monitor.store import DASHBOARD_STORE_ENV, dashboard_store_path
+from lld_monitor.store.location import canonical, exists_locally
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,8 @@ OPEN_RUN_ENV = "LLD_MONITOR_DASHBOARD_RUN"  # the run the pages open on when the
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None,
-                   help="store folder to show (default: $LLD_MONITOR_STORE, else the bundled sample_runs/)")
+                   help="store to show: a folder or s3://bucket/prefix (AWS_* variables; default: $LLD_MONITOR_STORE, "
+                   "else the bundled sample_runs/)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; anything else exposes the dashboard to the network)")
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
@@ -80,7 +82,7 @@ def start_server(store: str | os.PathLike, host: str = "127.0.0.1", port: int = 
         log.warning("binding the dashboard to %s: anyone who can reach this machine on port %d can read your runs. "
                     "Use --host 127.0.0.1 (the default) and an SSH tunnel unless this is what you want.", host, port)
     env = dict(os.environ)
-    env[STORE_ENV] = str(Path(store).expanduser().resolve())
+    env[STORE_ENV] = canonical(store)  # a folder as its absolute path, a bucket URL as given
     if open_run:
         env[OPEN_RUN_ENV] = open_run
     if forecast_model:
@@ -167,7 +169,7 @@ def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 def run(args: argparse.Namespace) -> int:
     store = args.store or dashboard_store_path()
-    if not Path(store).exists():
+    if not exists_locally(store):
         log.warning("no store at %s yet; the dashboard will say so until a run writes there", store)
 
     state = {"started": False, "pending": False}

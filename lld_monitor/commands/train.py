@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default 12)")
     p.add_argument("--seed", type=int, default=None, help="seed of prompts, sampling and the run (default 0)")
     p.add_argument("--store", default=default_store_path(),
-                   help="run store folder (default $LLD_MONITOR_STORE or ./lld_runs)")
+                   help="run store: a folder, or s3://bucket/prefix with the AWS_* variables set (docs/store.md; default "
+                   "$LLD_MONITOR_STORE or ./lld_runs)")
     p.add_argument("--run-name", default=None, help="run name (default '<mode>-seed<seed>')")
     p.add_argument("--model", default=None, help="a local Hugging Face causal LM directory instead of the tiny warm-started model")
     p.add_argument("--config", default=None, help="JSON or TOML file with config sections (see docs/backend.md)")
@@ -50,14 +51,30 @@ def run(args: argparse.Namespace) -> int:
     from lld_monitor.backend import numerics
 
     numerics.require(cfg.numerics)  # before the trainer (and so torch) is imported: pinned kernels are chosen at load
+    from lld_monitor.store import StoreError
+    from lld_monitor.store.location import is_bucket
+
+    if is_bucket(args.store):  # a wrong key or bucket is said now, not after the warm start
+        from lld_monitor.store.bucket import Bucket
+        from lld_monitor.store.storedir import open_bucket_store_for_write
+
+        try:
+            open_bucket_store_for_write(Bucket(args.store))
+        except StoreError as e:
+            print(f"lld-monitor train: {e}", file=sys.stderr)
+            return 2
     from lld_monitor.backend.grpo import Trainer
 
     try:
         trainer = Trainer(cfg, args.store, name, progress=not args.no_progress, run_id=args.run_id)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (StoreError, FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"lld-monitor train: {e}", file=sys.stderr)
         return 2
-    run_id = trainer.train()
+    try:
+        run_id = trainer.train()
+    except StoreError as e:  # the store refused the run (it exists, another writer took it over, ...)
+        print(f"lld-monitor train: {e}", file=sys.stderr)
+        return 2
     if trainer.dist.rank == 0:
         print(f"run {run_id} ({name}) written to {args.store}")
     if trainer.dist.enabled:

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from lld_monitor.store import default_store_path
 
     parser.add_argument("--store", default=default_store_path(), metavar="PATH",
-                        help="store folder (default: $LLD_MONITOR_STORE, else ./lld_runs)")
+                        help="store: a folder or s3://bucket/prefix (default: $LLD_MONITOR_STORE, else ./lld_runs)")
     parser.add_argument("--run", required=True, metavar="NAME", help="run name or id (see `lld-monitor runs`)")
     parser.add_argument("--lam", type=float, default=DEFAULT_SETTINGS["lam"],
                         help=f"λ: penalty = λ · llds_raw (default {DEFAULT_SETTINGS['lam']}, the paper's)")

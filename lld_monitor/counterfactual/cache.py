@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lld_monitor.files import atomic_write
+from lld_monitor.store.location import canonical, is_bucket
 
 log = logging.getLogger(__name__)
 
@@ -127,17 +128,21 @@ def setting_key(cfg: dict[str, Any]) -> str:
 
 
 def cache_dirs(store: str | os.PathLike, run_id: str, cfg: dict[str, Any]) -> list[Path]:
-    """Where the cache of (run, settings) may be: in the run's folder, else in the user's cache folder."""
-    store_p = Path(store).expanduser().resolve()
+    """Where the cache of (run, settings) may be: in the run's folder, else in the user's cache folder (the only place
+    for a store in a bucket)."""
     name = f"whatif-{setting_key(cfg)}"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    if is_bucket(store):
+        store_hash = hashlib.sha1(canonical(store).encode()).hexdigest()[:16]
+        return [base / "lld-monitor" / "whatif" / store_hash / run_id / name]
+    store_p = Path(store).expanduser().resolve()
     store_hash = hashlib.sha1(str(store_p).encode()).hexdigest()[:16]
     return [store_p / "runs" / run_id / DERIVED_DIR / name, base / "lld-monitor" / "whatif" / store_hash / run_id / name]
 
 
 def token_row_counts(reader, run_id: str) -> dict[int, int]:
     """step -> number of token rows the store holds for the run now (all ranks)."""
-    df = reader.sql("SELECT step, count(*) AS n FROM tokens WHERE run_id = ? GROUP BY step ORDER BY step", [run_id])
+    df = reader.token_counts(run_id)
     return {int(s): int(n) for s, n in zip(df["step"], df["n"])}
 
 

@@ -22,6 +22,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lld_monitor.files import atomic_write
@@ -29,6 +30,7 @@ from lld_monitor.files import atomic_write
 from . import layout, schema
 from .convert import to_table
 from .errors import StoreError
+from .location import is_bucket
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +46,15 @@ def cache_path(store: str | os.PathLike, run_id: str, config: str) -> Path:
     return layout.run_dir(Path(store), run_id) / layout.DETECTOR_CACHE_DIR / f"{config}.parquet"
 
 
-def write_detector_cache(store: str | os.PathLike, run_id: str, row: Mapping[str, list]) -> Path | None:
+def write_detector_cache(store: str | os.PathLike, run_id: str, row: Mapping[str, list]) -> Path | str | None:
     """Store one `detector_state` row (without run_id; one-row columns) as the run's detector cache. Returns its
-    path, or None when it could not be written (logged; a read-only store is not an error)."""
+    path (its URL in a bucket: a create-only PUT), or None when it could not be written (logged; a read-only store
+    is not an error)."""
     config = row.get("config")
-    path = cache_path(store, run_id, str(config[0] if isinstance(config, list) and config else config))
+    config = str(config[0] if isinstance(config, list) and config else config)
+    if is_bucket(store):
+        return _write_to_bucket(str(store), run_id, config, row)
+    path = cache_path(store, run_id, config)
     if not path.parent.parent.is_dir():
         log.info("detector cache not written: run folder %s is gone", path.parent.parent)
         return None
@@ -62,6 +68,26 @@ def write_detector_cache(store: str | os.PathLike, run_id: str, row: Mapping[str
         return None
     log.info("detector cache written for run %s at step %s", run_id, table.column("step")[0].as_py())
     return path
+
+
+def _write_to_bucket(url: str, run_id: str, config: str, row: Mapping[str, list]) -> str | None:
+    from .bucket import Bucket, ObjectExists
+
+    rel = cache_path("/", run_id, config).relative_to("/").as_posix()
+    table = to_table("detector_state", dict(row), schema.DETECTOR_STATE, force={"run_id": run_id})
+    if table.num_rows != 1:
+        raise StoreError(f"a detector cache holds one row, got {table.num_rows}")
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    try:
+        Bucket(url).put(rel, sink.getvalue().to_pybytes(), create=True)
+    except ObjectExists:
+        pass  # another reader cached the same replay first
+    except StoreError as exc:
+        log.info("detector cache for run %s not written to %s (%s); it is recomputed next time", run_id, url, exc)
+        return None
+    log.info("detector cache written for run %s at step %s into %s", run_id, table.column("step")[0].as_py(), url)
+    return f"{url}/{rel}"
 
 
 def cache_files(run_dir: Path) -> list[str]:

@@ -20,3 +20,11 @@ class RunNotFoundError(StoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class WriterConflictError(StoreError):
+    """Another writer took over this run and rank (in a bucket: the manifest changed under this writer's ETag)."""
+
+
+class BucketUnavailable(StoreError):
+    """The object store could not be reached (connection refused, timeout, 5xx after retries). Try again later."""

@@ -53,7 +53,7 @@ def _v1_to_v2_run(rec: dict[str, Any]) -> dict[str, Any]:
 RUN_RECORD_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1_run, 1: _v1_to_v2_run}
 
 
-def store_version(meta: Any, where: Path) -> int:
+def store_version(meta: Any, where: Path | str) -> int:
     """Validate a parsed store.json and return its schema_version (raises with a clear message)."""
     if not isinstance(meta, dict) or meta.get("format") != layout.STORE_FORMAT:
         raise NotAStoreError(
@@ -62,7 +62,7 @@ def store_version(meta: Any, where: Path) -> int:
         )
     version = meta.get("schema_version", 0)
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise NotAStoreError(f"{where / layout.STORE_FILE} has an invalid schema_version {version!r}.")
+        raise NotAStoreError(f"{where}/{layout.STORE_FILE} has an invalid schema_version {version!r}.")
     if version > SCHEMA_VERSION:
         raise NewerSchemaError(
             f"The store at {where} has schema_version {version}, but this lld-monitor understands up to "

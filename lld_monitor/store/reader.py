@@ -4,6 +4,11 @@ Every query plans over the Parquet segments that the runs' manifests list *now* 
 re-read when their file changed), through an in-memory DuckDB connection. A segment that vanished
 between planning and reading (merged away by the writer) makes the query retry on fresh manifests;
 the caller never sees that race.
+
+A store in a bucket (`s3://bucket/prefix`) is read through a local mirror (`mirror.py`): before each query the
+mirror brings the metadata up to date (at most every `poll_s`) and fetches the segments the query reads, so DuckDB
+only ever opens local files. A writer's liveness is judged on one clock (`_heartbeat_age`): the server's for a
+bucket, this process's monotonic clock for a folder, never the writer's against the reader's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pyarrow.parquet as pq
 from . import detector_cache, layout, liveness, migrations, schema, stepset
 from .convert import conform, schema_fingerprint
 from .errors import RunNotFoundError, StoreError
+from .location import is_bucket
 from .storedir import inspect_store
 
 log = logging.getLogger(__name__)
@@ -81,10 +87,23 @@ class RunState:
 class StoreReader:
     """Read-only view of a store. Methods return pandas DataFrames; thread-safe."""
 
-    def __init__(self, path: str | os.PathLike, *, stale_after_s: float = liveness.DEFAULT_STALE_AFTER_S,
-                 retries: int = 20, retry_sleep_s: float = 0.05):
-        self.path, self.schema_version = inspect_store(path)
-        self.stale_after_s = stale_after_s
+    def __init__(self, path: str | os.PathLike, *, stale_after_s: float | None = None,
+                 retries: int = 20, retry_sleep_s: float = 0.05, mirror_dir: str | os.PathLike | None = None,
+                 poll_s: float | None = None):
+        """`path`: a store folder, or a bucket prefix (`s3://bucket/prefix`), read through a local mirror
+        (`mirror_dir`, default under the user cache folder) synced at most every `poll_s` (1 s)."""
+        self._mirror = None
+        if is_bucket(path):
+            from .mirror import POLL_S, BucketMirror
+
+            self._mirror = BucketMirror(str(path), mirror_dir, poll_s=POLL_S if poll_s is None else poll_s)
+            self.path, self.schema_version = self._mirror.root, self._mirror.version
+            self.location = self._mirror.url
+        else:
+            self.path, self.schema_version = inspect_store(path)
+            self.location = str(self.path)
+        self._beats = liveness.HeartbeatWatch()
+        self.stale_after_s = liveness.stale_after_s() if stale_after_s is None else stale_after_s
         self.retries = retries
         self.retry_sleep_s = retry_sleep_s
         self._con = duckdb.connect(":memory:")
@@ -150,7 +169,7 @@ class StoreReader:
             if beat:
                 beats.append(beat)
             if st == "running":
-                age = (now - layout.parse_iso(beat)).total_seconds() if beat else None
+                age = self._heartbeat_age(mpath, beat)
                 if not liveness.writer_alive(man.get("writer", {}), age, self.stale_after_s):
                     st = "crashed"
             statuses.append(st)
@@ -173,7 +192,33 @@ class StoreReader:
         return RunState(record=rec, status=status, updated_at=updated, ranks=ranks, files=files, current=current,
                         segment_steps=segment_steps)
 
+    def _heartbeat_age(self, mpath: Path, beat: str | None) -> float | None:
+        """Seconds since the writer of this manifest last wrote it, on one clock: the server's (a bucket), or this
+        process's monotonic clock since the heartbeat last changed (a folder; the first sight counts from the file's
+        mtime, the folder's clock). Never the writer's timestamp against this machine's clock (hosts' clocks differ)."""
+        if self._mirror is not None:
+            age = self._mirror.heartbeat_age(mpath)
+            if age is not None:
+                return age
+        if not beat:
+            return None
+        try:
+            first = max(0.0, time.time() - mpath.stat().st_mtime)
+        except OSError:
+            first = 0.0
+        return self._beats.age(str(mpath), beat, first)
+
+    def _sync(self) -> None:
+        if self._mirror is not None:
+            self._mirror.sync()
+
+    def _ensure(self, files: list[str]) -> None:
+        """The mirror fetches what a query is about to read (a folder store has it all)."""
+        if self._mirror is not None and files:
+            self._mirror.ensure(files)
+
     def _states(self) -> dict[str, RunState]:
+        self._sync()
         root = self.path / layout.RUNS_DIR
         out: dict[str, RunState] = {}
         if not root.is_dir():
@@ -209,8 +254,10 @@ class StoreReader:
                 self.transient_retries += 1
                 log.debug("transient read error (retrying on fresh manifests): %s", e)
                 self._json_cache.clear()
+                if self._mirror is not None:
+                    self._mirror.invalidate()
                 time.sleep(self.retry_sleep_s * min(attempt + 1, 4))
-        raise StoreError(f"could not read the store at {self.path} after {self.retries} tries: {last}") from last
+        raise StoreError(f"could not read the store at {self.location} after {self.retries} tries: {last}") from last
 
     def _run_query(self, run_id: str, table: str, sql: str, params: list | None = None) -> pd.DataFrame:
         """`sql` reads the run's `table` as `{src}`. Results are cached per (query, segment list): a finished
@@ -219,6 +266,7 @@ class StoreReader:
         def go() -> pd.DataFrame:
             st = self._state(run_id)
             files = st.files[table]
+            self._ensure(files)
 
             def query() -> pd.DataFrame:
                 if files and st.current[table]:
@@ -246,10 +294,11 @@ class StoreReader:
         return value.copy()
 
     def _state(self, run_id: str) -> RunState:
+        self._sync()
         rdir = layout.run_dir(self.path, run_id) if layout.valid_run_id(run_id) else None
         st = self._run_state(rdir) if rdir is not None and rdir.is_dir() else None
         if st is None:
-            raise RunNotFoundError(f"no run with id {run_id!r} in {self.path}; see r.runs() or `lld-monitor runs`")
+            raise RunNotFoundError(f"no run with id {run_id!r} in {self.location}; see r.runs() or `lld-monitor runs`")
         return st
 
     # ---------------------------------------------------------------- public API
@@ -258,6 +307,7 @@ class StoreReader:
 
         def go() -> pd.DataFrame:
             states = self._states()
+            self._ensure([f for st in states.values() for f in st.files["steps"]])
             return self._runs_frame(states, self._step_counts(states))
 
         return self._retry(go)
@@ -357,7 +407,7 @@ class StoreReader:
         if hit.empty:
             known = ", ".join(repr(n) for n in df["name"].head(10))
             raise RunNotFoundError(
-                f"no run with id or name {run_id_or_name!r} in {self.path}" + (f"; runs include {known}" if known else "")
+                f"no run with id or name {run_id_or_name!r} in {self.location}" + (f"; runs include {known}" if known else "")
             )
         row = hit.sort_values("started_at", ascending=False).iloc[0].to_dict()
         return {k: (None if (v is pd.NA or v is pd.NaT) else v) for k, v in row.items()}
@@ -430,6 +480,7 @@ class StoreReader:
                     else:
                         steps.update(stepset.expand(runs))
                 if unlisted:
+                    self._ensure(unlisted)
                     rel = self._relation("tokens", unlisted)
                     steps.update(int(s) for (s,) in rel.aggregate("step", "step").fetchall())
                 return sorted(steps)
@@ -437,6 +488,10 @@ class StoreReader:
             return self._cached(("token_steps", tuple(files)), listed)
 
         return self._retry(go)
+
+    def token_counts(self, run_id: str) -> pd.DataFrame:
+        """step, n: how many token rows each token-logged step of the run holds (all ranks)."""
+        return self._run_query(run_id, "tokens", "SELECT step, count(*) AS n FROM {src} GROUP BY step ORDER BY step")
 
     def alerts(self, run_id: str) -> pd.DataFrame:
         return self._run_query(run_id, "alerts", "SELECT * FROM {src} ORDER BY step")
@@ -465,6 +520,7 @@ class StoreReader:
             states = self._states()
             for t in layout.DATA_TABLES:
                 if t in used or t not in self._views:
+                    self._ensure([f for s in states.values() for f in s.files[t]])
                     self._relation(t, [f for s in states.values() for f in s.files[t]]).create_view(t, replace=True)
                     self._views.add(t)
             if "runs" in used or "runs" not in self._views:

@@ -1,14 +1,19 @@
-"""Opening a store folder: validate it (reader and writer), create and migrate it (writer only)."""
+"""Opening a store: validate it (reader and writer), create and migrate it (writer only). A folder, or a prefix in a
+bucket (`inspect_bucket_store`, `open_bucket_store_for_write`: store.json is created with a create-only PUT)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import layout, migrations
 from .errors import NotAStoreError, StoreError
 from .schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from .bucket import Bucket
 
 
 def inspect_store(path: str | os.PathLike) -> tuple[Path, int | None]:
@@ -80,3 +85,50 @@ def open_store_for_write(path: str | os.PathLike) -> Path:
         migrations.migrate_store(p)
     (p / layout.RUNS_DIR).mkdir(exist_ok=True)
     return p
+
+
+def inspect_bucket_store(bucket: "Bucket") -> int | None:
+    """Validate a store in a bucket for reading. Returns its schema_version; None = nothing under the prefix yet (an
+    empty store). NotAStoreError for a prefix that holds other objects or a corrupt store.json; StoreError for a
+    missing bucket or refused credentials (naming the variable to set)."""
+    try:
+        data, _ = bucket.get(layout.STORE_FILE)
+    except FileNotFoundError:
+        subs, objs = bucket.list_dir("")
+        others = [o.key for o in objs if not o.key.rsplit("/", 1)[-1].startswith(".")] + subs
+        if layout.RUNS_DIR in subs:
+            raise NotAStoreError(
+                f"{bucket.url} holds runs/ but no {layout.STORE_FILE} (lost?). If it is an lld-monitor store, put back "
+                f'{layout.STORE_FILE} = {{"format": "{layout.STORE_FORMAT}", "schema_version": {SCHEMA_VERSION}}}; '
+                "nothing was changed.") from None
+        if others:
+            raise NotAStoreError(
+                f"{bucket.url} is not an lld-monitor store (no {layout.STORE_FILE}, and the prefix holds other objects: "
+                f"{', '.join(sorted(others)[:3])}). Pass --store with a store prefix, or a new/empty one.") from None
+        return None
+    try:
+        meta = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NotAStoreError(f"{bucket.url}/{layout.STORE_FILE} is corrupt ({e}); this is not a readable lld-monitor "
+                             "store.") from e
+    return migrations.store_version(meta, bucket.url)
+
+
+def open_bucket_store_for_write(bucket: "Bucket") -> None:
+    """Create the store under the bucket prefix if there is none (store.json by a create-only PUT, so two writers
+    starting at once agree), after checking that the server honours conditional writes."""
+    version = inspect_bucket_store(bucket)
+    bucket.check_conditional_writes()
+    if version is None:
+        from .bucket import ObjectExists
+
+        try:
+            bucket.put(layout.STORE_FILE, layout.dumps({"format": layout.STORE_FORMAT,
+                                                         "schema_version": SCHEMA_VERSION}).encode(), create=True)
+        except ObjectExists:
+            pass  # another writer created it first: validate what is there
+        version = inspect_bucket_store(bucket)
+    if version is not None and version < SCHEMA_VERSION:
+        raise StoreError(f"{bucket.url} has schema_version {version}; stores in a bucket start at "
+                         f"{SCHEMA_VERSION} and are not migrated in place. Copy it to a folder, open it there with "
+                         "this version (that migrates it), and copy it back.")

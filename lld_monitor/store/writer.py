@@ -7,6 +7,9 @@ Segments are merged as the run goes (size-tiered: `compact_fanout` segments of o
 of the next level) and into one file per table at `finish()`, so a run holds few files. Merged-away
 segments stay on disk for `retire_grace_s` so a reader that planned a query on the previous manifest
 can finish it.
+
+A store in a bucket (`s3://...`) gets `bucket_writer.BucketRunWriter`, this class with its file operations done as
+create-only and conditional PUTs (no rename anywhere); `RunWriter.create` picks the kind from the store argument.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import layout, liveness, schema, stepset
+from .bucket_writer import BucketWriting
 from .convert import conform, schema_fingerprint, to_table
-from .errors import StoreError
+from .errors import BucketUnavailable, StoreError
+from .location import is_bucket
 from .storedir import open_store_for_write
 
 log = logging.getLogger(__name__)
@@ -89,7 +94,40 @@ class RunWriter:
         overwrite: bool = False,
         writer_config: WriterConfig | None = None,
     ) -> "RunWriter":
-        """Start writing a run (rank 0) or join one (rank > 0, same run_id)."""
+        """Start writing a run (rank 0) or join one (rank > 0, same run_id). `store_path`: a folder, or a bucket
+        prefix (`s3://bucket/prefix`: see bucket_writer.py)."""
+        run_id = cls._check_args(name, mode, source, rank, world_size, run_id)
+        if is_bucket(store_path):
+            return BucketRunWriter.create_in_bucket(
+                str(store_path), name, mode, source=source, config=config, model=model, run_id=run_id, rank=rank,
+                world_size=world_size, overwrite=overwrite, writer_config=writer_config or WriterConfig())
+        store = open_store_for_write(store_path)
+        rdir = layout.run_dir(store, run_id)
+        mpath = layout.manifest_path(store, run_id, rank)
+        trash = None
+        if mpath.exists():
+            if not overwrite:
+                raise StoreError(
+                    f"run {run_id!r} (rank {rank}) already exists in {store}; nothing was changed. "
+                    "Pass overwrite=True to replace it, or use another run_id."
+                )
+            trash = store / layout.RUNS_DIR / f".trash-{run_id}-{time.time_ns()}"
+            os.replace(rdir, trash)
+            log.info("overwrite: moved the old run %s aside to %s until the new one finishes", run_id, trash.name)
+        record, manifest = cls._new_record(run_id, name, mode, source, config, model, rank, world_size)
+        rdir.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            layout.write_json_atomic(rdir / layout.RUN_FILE, record)
+        else:
+            layout.create_json_exclusive(rdir / layout.RUN_FILE, record)  # placeholder until rank 0 writes
+        layout.write_json_atomic(mpath, manifest)
+        w = cls(store, run_id, rank, record, manifest, writer_config or WriterConfig(), trash)
+        log.debug("writing run %s rank %d into %s", run_id, rank, store)
+        return w
+
+    @staticmethod
+    def _check_args(name: str, mode: str, source: str, rank: int, world_size: int, run_id: str | None) -> str:
+        """Validate what create() was given; returns the run_id (a new one for rank 0 without one)."""
         if not isinstance(name, str) or not name.strip():
             raise StoreError("a run needs a non-empty name")
         if mode not in schema.MODES:
@@ -107,19 +145,12 @@ class RunWriter:
                 f"run_id {run_id!r} is not filesystem-safe: use letters, digits, '.', '_' and '-' (max 128); "
                 "free text belongs in the run name"
             )
-        store = open_store_for_write(store_path)
-        rdir = layout.run_dir(store, run_id)
-        mpath = layout.manifest_path(store, run_id, rank)
-        trash = None
-        if mpath.exists():
-            if not overwrite:
-                raise StoreError(
-                    f"run {run_id!r} (rank {rank}) already exists in {store}; nothing was changed. "
-                    "Pass overwrite=True to replace it, or use another run_id."
-                )
-            trash = store / layout.RUNS_DIR / f".trash-{run_id}-{time.time_ns()}"
-            os.replace(rdir, trash)
-            log.info("overwrite: moved the old run %s aside to %s until the new one finishes", run_id, trash.name)
+        return run_id
+
+    @staticmethod
+    def _new_record(run_id: str, name: str, mode: str, source: str, config: dict | None, model: str | None,
+                    rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The run record and the empty manifest of a new writer."""
         now = _now_iso()
         ident = liveness.writer_identity()
         record = {
@@ -137,11 +168,6 @@ class RunWriter:
             "schema_version": schema.SCHEMA_VERSION,
             "writer": {**ident, "rank": rank},
         }
-        rdir.mkdir(parents=True, exist_ok=True)
-        if rank == 0:
-            layout.write_json_atomic(rdir / layout.RUN_FILE, record)
-        else:
-            layout.create_json_exclusive(rdir / layout.RUN_FILE, record)  # placeholder until rank 0 writes
         manifest = {
             "run_id": run_id,
             "rank": rank,
@@ -155,10 +181,7 @@ class RunWriter:
             "segments": {t: [] for t in layout.DATA_TABLES},
             "retired": [],
         }
-        layout.write_json_atomic(mpath, manifest)
-        w = cls(store, run_id, rank, record, manifest, writer_config or WriterConfig(), trash)
-        log.debug("writing run %s rank %d into %s", run_id, rank, store)
-        return w
+        return record, manifest
 
     # ---------------------------------------------------------------- properties
     @property
@@ -239,11 +262,11 @@ class RunWriter:
                 self._write_manifest()
                 if self.rank == 0:
                     self._record.update(status=status, ended_at=now, updated_at=now)
-                    layout.write_json_atomic(self.path / layout.RUN_FILE, self._record)
+                    self._write_record()
                 self._finished = True
                 self._delete_retired_locked(force=True)
-                if self._trash is not None and status == "finished":
-                    shutil.rmtree(self._trash, ignore_errors=True)
+                if status == "finished":
+                    self.discard_previous()
             log.debug("run %s rank %d %s", self.run_id, self.rank, status)
         finally:
             self._lock.release()
@@ -257,7 +280,25 @@ class RunWriter:
             raise StoreError(f"update_run: cannot set {bad}")
         with self._lock:
             self._record.update(fields, updated_at=_now_iso())
-            layout.write_json_atomic(self.path / layout.RUN_FILE, self._record)
+            self._write_record()
+
+    def discard_previous(self) -> None:
+        """Delete the run that `overwrite=True` set aside (finish("finished") does it; an importer whose crashed
+        import is still the newest copy calls it too). Idempotent."""
+        if self._trash is not None:
+            shutil.rmtree(self._trash, ignore_errors=True)
+            self._trash = None
+
+    def restore_previous(self) -> bool:
+        """Put back the run that `overwrite=True` set aside, dropping what this writer wrote (a failed re-import
+        must not lose the earlier one). Call after finish(). True if there was one to restore."""
+        trash = self._trash
+        if trash is None or not trash.exists():
+            return False
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.replace(trash, self.path)
+        self._trash = None
+        return True
 
     def __enter__(self) -> "RunWriter":
         return self
@@ -274,8 +315,39 @@ class RunWriter:
         self._manifest["seq"] += 1
         return f"r{self.rank}-{self._manifest['seq']:09d}-L{level}.parquet"
 
+    # the file operations (bucket_writer.BucketRunWriter does them on object storage)
     def _write_manifest(self) -> None:
         layout.write_json_atomic(layout.manifest_path(self.store, self.run_id, self.rank), self._manifest)
+
+    def _write_record(self) -> None:
+        layout.write_json_atomic(self.path / layout.RUN_FILE, self._record)
+
+    def _put_segment(self, table: str, fname: str, tbl: pa.Table) -> str:
+        """Write a new segment; returns the name it got (a bucket writer may have to pick the next free one)."""
+        tdir = self.path / table
+        tdir.mkdir(exist_ok=True)
+        _write_parquet_atomic(tbl, tdir / fname, self.cfg.compression)
+        return fname
+
+    def _segment_file(self, table: str, fname: str) -> Path:
+        """A local file holding the segment (merges read it)."""
+        return self.path / table / fname
+
+    def _merge_tmp(self, table: str, fname: str) -> Path:
+        return self.path / table / f".{fname}.tmp"
+
+    def _publish_merged(self, table: str, fname: str, tmp: Path) -> str:
+        os.replace(tmp, self.path / table / fname)
+        return fname
+
+    def _drop_unpublished(self, table: str, fname: str) -> None:
+        (self.path / table / fname).unlink(missing_ok=True)
+
+    def _delete_segment(self, relpath: str) -> None:
+        try:
+            os.unlink(self.path / relpath)
+        except FileNotFoundError:
+            pass
 
     def _flush_locked(self) -> None:
         wrote = False
@@ -283,10 +355,7 @@ class RunWriter:
             if not parts:
                 continue
             tbl = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-            tdir = self.path / t
-            tdir.mkdir(exist_ok=True)
-            fname = self._next_name(0)
-            _write_parquet_atomic(tbl, tdir / fname, self.cfg.compression)
+            fname = self._put_segment(t, self._next_name(0), tbl)
             self._manifest["segments"][t].append({"file": fname, "level": 0, "rows": tbl.num_rows,
                                                   "schema": schema_fingerprint(t),
                                                   "steps": stepset.compress(stepset.of_table(tbl))})
@@ -302,8 +371,7 @@ class RunWriter:
     def _merge(self, table: str, segs: list[dict[str, Any]], level: int, fname: str) -> dict[str, Any]:
         """Stream `segs` into one new segment `fname` (needs no lock: segments are immutable)."""
         sch = schema.TABLES[table]
-        tdir = self.path / table
-        tmp = tdir / f".{fname}.tmp"
+        tmp = self._merge_tmp(table, fname)
         rows = 0
         steps: set[int] = set()  # read from the data, not the inputs' entries: older segments have none
         pending: list[pa.Table] = []
@@ -311,7 +379,7 @@ class RunWriter:
         with pq.ParquetWriter(tmp, sch, compression=self.cfg.compression) as pw:
             for s in segs:
                 # batch by batch, never a whole segment: a merged segment can hold millions of rows
-                with pq.ParquetFile(tdir / s["file"]) as pf:
+                with pq.ParquetFile(self._segment_file(table, s["file"])) as pf:
                     for batch in pf.iter_batches(batch_size=self.cfg.merge_row_group_rows):
                         part = conform(pa.Table.from_batches([batch]), sch)
                         steps |= stepset.of_table(part)
@@ -324,7 +392,7 @@ class RunWriter:
             if pending:
                 pw.write_table(pa.concat_tables(pending), row_group_size=self.cfg.merge_row_group_rows)
                 rows += pending_rows
-        os.replace(tmp, tdir / fname)
+        fname = self._publish_merged(table, fname, tmp)
         return {"file": fname, "level": level, "rows": rows, "schema": schema_fingerprint(table),
                 "steps": stepset.compress(steps)}
 
@@ -392,6 +460,11 @@ class RunWriter:
                 t, group, level, fname = job
                 try:
                     merged = self._merge(t, group, level, fname)
+                except BucketUnavailable as e:  # the bucket is out of reach: merge again after the next flush
+                    log.info("run %s rank %d: compaction of %s waits for the bucket (%s)", self.run_id, self.rank, t, e)
+                    with self._lock:
+                        self._inflight.clear()
+                    break
                 except Exception:  # noqa: BLE001 - segments stay as they are; readers are unaffected
                     log.exception("run %s rank %d: background compaction of %s failed", self.run_id, self.rank, t)
                     with self._lock:
@@ -400,7 +473,7 @@ class RunWriter:
                 with self._lock:
                     self._inflight.difference_update(g["file"] for g in group)
                     if self._finished or self._compact_stop:
-                        (self.path / t / fname).unlink(missing_ok=True)
+                        self._drop_unpublished(t, merged["file"])
                         return
                     self._apply_job_locked(t, group, merged)
             with self._lock:
@@ -421,11 +494,17 @@ class RunWriter:
         for r in self._manifest["retired"]:
             if force or now - r["at"] >= self.cfg.retire_grace_s:
                 try:
-                    os.unlink(self.path / r["path"])
-                except FileNotFoundError:
-                    pass
+                    self._delete_segment(r["path"])
+                except StoreError as e:  # a bucket out of reach: try again at the next flush
+                    log.debug("could not delete %s yet: %s", r["path"], e)
+                    keep.append(r)
             else:
                 keep.append(r)
         if len(keep) != len(self._manifest["retired"]):
             self._manifest["retired"] = keep
             self._write_manifest()
+
+
+class BucketRunWriter(BucketWriting, RunWriter):
+    """RunWriter on object storage: the same segments, manifest and compaction, written with create-only and
+    conditional PUTs instead of renames (bucket_writer.py)."""

@@ -7,13 +7,13 @@ settings in the session, runs one `lld-monitor whatif` subprocess per (store, ru
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from lld_monitor.counterfactual import cache as wc
+from lld_monitor.store.location import canonical
 from lld_monitor.ui import counterfactual as uw
 from lld_monitor.ui import widgets
 
@@ -50,7 +50,7 @@ def _jobs() -> dict[tuple, dict[str, Any]]:
 
 
 def _job_key(store: str, run_id: str, cfg: dict[str, Any]) -> tuple:
-    return (str(Path(store).expanduser().resolve()), run_id, wc.setting_key(cfg))
+    return (canonical(store), run_id, wc.setting_key(cfg))
 
 
 def view_and_job(store: str, run: dict[str, Any], cfg: dict[str, Any], start: bool = True):

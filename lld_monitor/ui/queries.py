@@ -151,7 +151,7 @@ def run_detection(reader, run_id: str, signals: pd.DataFrame, tracker: ph.Detect
 
     return (tracker or ph.DetectionTracker()).update(
         signals, checkpoints=lambda: reader.detector_state(run_id),
-        cache=lambda row: write_detector_cache(reader.path, run_id, row), background=background)
+        cache=lambda row: write_detector_cache(reader.location, run_id, row), background=background)
 
 
 def run_phase(reader, run_id: str, tracker: ph.DetectionTracker | None = None, background: bool = False) -> str | None:

@@ -17,6 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from lld_monitor.store import dashboard_store_path
+from lld_monitor.store.location import canonical, exists_locally, is_bucket
 from lld_monitor.ui import phase_bands as ph
 from lld_monitor.ui import queries as q
 
@@ -49,6 +50,13 @@ class StoreProblem(Exception):
 def _open(path: str):
     from lld_monitor.store import NewerSchemaError, NotAStoreError, StoreError, open_store_reader
 
+    if is_bucket(path):
+        try:
+            return open_store_reader(path)
+        except (NotAStoreError, NewerSchemaError) as exc:
+            raise StoreProblem(f"`{path}` is not a readable lld-monitor store: {exc}") from exc
+        except StoreError as exc:
+            raise StoreProblem(f"Cannot read the store `{path}`: {exc}") from exc
     p = Path(path).expanduser()
     if not p.exists():
         raise StoreProblem(
@@ -67,7 +75,7 @@ def _open(path: str):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _reader(resolved: str):
-    """One StoreReader per store folder, shared by all sessions (it is thread-safe, re-reads the runs'
+    """One StoreReader per store (folder or bucket prefix), shared by all sessions (it is thread-safe, re-reads the runs'
     manifests on every query and never locks anything the writer needs)."""
     return _open(resolved)
 
@@ -76,8 +84,8 @@ def with_reader(path: str, fn, *args, **kwargs):
     """fn(reader, ...) on the store at `path`; store errors become a StoreProblem with the text to show."""
     from lld_monitor.store import RunNotFoundError, StoreError
 
-    resolved = str(Path(path).expanduser().resolve())
-    if not Path(resolved).exists():
+    resolved = canonical(path)
+    if not exists_locally(resolved):
         _reader.clear()
         _open(resolved)  # raises the "no store" StoreProblem
     reader = _reader(resolved)
@@ -231,7 +239,8 @@ def sidebar() -> Context:
     if "store_path" not in st.session_state:
         st.session_state["store_path"] = _qp("store") or default_store()
     store = sb.text_input("Store location", key="store_path",
-                          help="Folder of an lld-monitor store (default: the bundled sample_runs/).").strip()
+                          help="Folder of an lld-monitor store, or a bucket prefix such as s3://bucket/runs (read with the "
+                          "AWS_* variables of the server's environment; default: the bundled sample_runs/).").strip()
     ctx = Context(store=store)
     try:
         ctx.runs = cached_runs(store)

@@ -383,26 +383,17 @@ def _finish(writer: Any, wandb_status: str) -> None:
     re-import to refresh it). A run that crashed on W&B is stored as crashed."""
     status = "crashed" if wandb_status == "crashed" else "finished"
     writer.finish(status=status)
-    trash = getattr(writer, "_trash", None)
-    if status == "crashed" and trash is not None:
-        # the import itself succeeded: the previous import of this run, moved aside by overwrite=True,
-        # is no longer needed (RunWriter only deletes it after a 'finished' close)
-        import shutil  # noqa: PLC0415
-
-        shutil.rmtree(trash, ignore_errors=True)
+    if status == "crashed":
+        # the import itself succeeded: the previous import of this run, set aside by overwrite=True,
+        # is no longer needed (RunWriter only drops it after a 'finished' close)
+        writer.discard_previous()
 
 
 def _restore_previous(writer: Any) -> None:
-    """A failed re-import must not lose the earlier import: put the run that overwrite=True moved aside back."""
-    trash = getattr(writer, "_trash", None)
-    if trash is None or not trash.exists():
-        return
-    import os  # noqa: PLC0415
-    import shutil  # noqa: PLC0415
-
-    shutil.rmtree(writer.path, ignore_errors=True)
-    os.replace(trash, writer.path)
-    log.warning("import of %s failed; the previous import was kept", writer.run_id)
+    """A failed re-import must not lose the earlier import: put the run that overwrite=True set aside back (a folder
+    moved aside, or a bucket's old manifests: RunWriter.restore_previous)."""
+    if writer.restore_previous():
+        log.warning("import of %s failed; the previous import was kept", writer.run_id)
 
 
 def _append(writer: Any, steps_tbl: pa.Table | None, metrics: pa.Table | None) -> None:
