@@ -82,6 +82,27 @@ def shadow(store: Path, version: int, where: Path) -> Path:
     return dst
 
 
+def without_checkpoints(store: Path, where: Path) -> Path:
+    """A hard-linked copy of `store` in which `big` has no detector state (a W&B import, a run of an older version,
+    `synth_store.py --single`): its detector_state table and any detector cache are left out."""
+    dst = where / f"{store.name}_nockpt"
+    if not dst.exists():
+        shutil.copytree(store, dst, copy_function=os.link)
+    from lld_monitor.store import open_store_reader
+
+    with open_store_reader(dst) as r:
+        rid = str(r.runs().set_index("name").loc["big", "run_id"])
+    run = dst / "runs" / rid
+    for sub in ("detector_state", "detector_cache"):
+        shutil.rmtree(run / sub, ignore_errors=True)
+    for manifest in run.glob("manifest-*.json"):  # written anew, never through the link
+        rec = json.loads(manifest.read_text())
+        if rec.get("segments", {}).pop("detector_state", None) is not None:
+            manifest.unlink()
+            manifest.write_text(json.dumps(rec))
+    return dst
+
+
 # ------------------------------------------------------------------ measuring (runs against whichever code is on sys.path)
 def _ms(fn, reps: int, setup=None) -> float:
     """Median wall time in ms; one repetition only when it takes over 10 s (a full replay of 200,000 steps)."""
@@ -210,7 +231,10 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
         raise TimeoutError(f"the page did not show the {steps}-step run")
 
     out: dict[str, float] = {}
-    for first_view in ("picker", "new tab"):
+    views = ("picker", "new tab") + (("fresh profile, no checkpoints",) if big_steps in CACHE_SIZES else ())
+    for first_view in views:
+        if first_view.startswith("fresh"):
+            store = without_checkpoints(store, store.parent)  # (a cache an earlier round left is removed again)
         pt = free_port()
         t0 = time.perf_counter()
         proc = start_server(store, "127.0.0.1", pt, quiet=True, open_run="small")  # its warm-up opens small
@@ -225,7 +249,26 @@ def browser_timings(store: Path, big_steps: int) -> dict[str, float]:
                     page = ctx.new_page()
                     page.goto(f"http://127.0.0.1:{pt}/live?run=small", wait_until="domcontentloaded")
                     shows(page, 200)
-                    if first_view == "picker":
+                    if first_view.startswith("fresh"):
+                        # issue 37: a new tab in a fresh browser profile (empty cache) on a long run that has no
+                        # checkpoints (charts first, its detector replayed in the background), against the same on
+                        # the 200-step run
+                        for name, run, steps in (
+                                ("fresh profile, new tab on the 200-step run (s)", "small", 200),
+                                ("fresh profile, new tab on big without checkpoints -> charts (s)", "big", big_steps)):
+                            page.close()
+                            page = browser.new_context(viewport=VIEW).new_page()
+                            t1 = time.perf_counter()
+                            page.goto(f"http://127.0.0.1:{pt}/live?run={run}", wait_until="domcontentloaded")
+                            shows(page, steps)
+                            out[name] = time.perf_counter() - t1
+                        t1 = time.perf_counter()
+                        deadline = t1 + 120
+                        while page.get_by_text("are being computed", exact=False).count() \
+                                and time.perf_counter() < deadline:
+                            page.wait_for_timeout(50)
+                        out["  then phases, alerts and forecast filled in after (s)"] = time.perf_counter() - t1
+                    elif first_view == "picker":
                         out["cold serve -> first chart (s)"] = time.perf_counter() - t0
                         page.get_by_role("combobox", name="Run").click()  # the sidebar's run picker
                         page.get_by_role("option").first.wait_for()

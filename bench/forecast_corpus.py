@@ -15,6 +15,10 @@ Each run is `lld-monitor train` with pinned numerics (`scripts/run_spiral_experi
 same command gives the same runs on any x86-64 CPU with AVX2 and FMA. `export` writes one zstd Parquet file per
 run (`<config>-<mode>-seed<S>.parquet`): the run's signals as the detector reads them (`StoreReader.signals`:
 the step row and every metric), wall-clock columns left out.
+
+The committed tables of spiral seeds 2-10 were exported from the stores of docs/results/spiral-10-seeds-2026-12-07.md
+(same config, same pinned code; the runs of seed 1 trained again here equal them on every exported column), the
+rest from `train` (a session cut ended its first try after seed 1).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ CONFIGS: dict[str, tuple[Path, tuple[int, ...]]] = {
 }
 MODES = ("vanilla", "llds")
 WALL_CLOCK = ("run_id", "time", "step_time")
+# the answer-span probability (the LLDS authors' `actor/lowest_prob_avg_*`) feeds no detector signal, so no forecast
+# feature; left out so that tables exported from stores trained before 68aecd6 (which added them, the training
+# otherwise bit-identical) equal a fresh `train`
+NOT_EXPORTED = ("actor/lowest_prob_avg_mean", "actor/lowest_prob_avg_min")
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,8 @@ def _signal_table(reader, run_id: str) -> pd.DataFrame:
     from lld_monitor.store.compare import WALL_CLOCK_METRIC_PREFIX
 
     s = reader.signals(run_id)
-    keep = [c for c in s.columns if c not in WALL_CLOCK and not c.startswith(WALL_CLOCK_METRIC_PREFIX)]
+    keep = [c for c in s.columns
+            if c not in WALL_CLOCK and c not in NOT_EXPORTED and not c.startswith(WALL_CLOCK_METRIC_PREFIX)]
     return s[keep].sort_values("step").reset_index(drop=True)
 
 
