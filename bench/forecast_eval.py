@@ -151,14 +151,84 @@ def report(corpus: Path, write_models: bool) -> str:
     return "\n".join(head + lines + table + [""] + details)
 
 
+# ------------------------------------------------------------------ the same runs as W&B imports (issue 37)
+def _write_wandb(root: str, corpus: str, names: str) -> None:
+    """Subprocess (WANDB_MODE=offline): each run's verl-named scalars (what a verl run of the LLDS authors' code puts
+    in W&B) logged through the real wandb SDK."""
+    import wandb
+
+    want = set(names.split(","))
+    for run in load(Path(corpus)):
+        if run.name not in want:
+            continue
+        keys = [c for c in run.signals.columns if "/" in c]
+        w = wandb.init(project="forecast", name=run.name, config={"algorithm": {"adv_estimator": "grpo"}})
+        for rec in run.signals[["step", *keys]].to_dict("records"):
+            step = int(rec.pop("step"))
+            w.log({k: float(v) for k, v in rec.items() if v == v}, step=step)
+        w.finish()
+
+
+def wandb_check(corpus: Path, names: list[str], work: Path) -> list[str]:
+    """Log `names` to W&B offline under verl's keys, import them (`import-wandb --offline`), and compare the
+    forecast `lld-monitor forecast` gives on the import with the scalars model on the corpus run."""
+    import os
+    import subprocess
+
+    from lld_monitor.detect import detect_run
+    from lld_monitor.detect.forecast_model import shipped
+    from lld_monitor.integrations.wandb.importer import import_offline
+    from lld_monitor.store import open_store_reader
+
+    work.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", WANDB_DIR=str(work), WANDB_SILENT="true", WANDB_CONSOLE="off",
+               WANDB_CONFIG_DIR=str(work / "cfg"), WANDB_CACHE_DIR=str(work / "cache"),
+               WANDB_DATA_DIR=str(work / "data"), WANDB_DISABLE_GIT="true")
+    subprocess.run([sys.executable, __file__, "--write-wandb", str(corpus), ",".join(names)], check=True, env=env,
+                   cwd=work, timeout=600)
+    store = work / "store"
+    results = import_offline(str(store), work / "wandb", progress=False)
+    model = shipped("scalars")
+    runs = {r.name: r for r in load(corpus)}
+    lines = ["| run (imported from W&B) | model chosen | steps forecast | max abs p difference vs the corpus run | "
+             "first p ≥ 0.5 | collapse |", "|---|---|---|---|---|---|"]
+    with open_store_reader(store) as reader:
+        for res in results:
+            got = detect_run(reader.signals(res.run_id))  # forecast=AUTO: what serve / detect / forecast use
+            ref = detect_run(runs[res.name].signals, None, model)
+            a, b = dict(got.forecast), dict(ref.forecast)
+            diff = max((abs(a[s] - b[s]) for s in a.keys() & b.keys()), default=math.nan)
+            first = next((s for s, p in got.forecast if p >= THRESHOLD), None)
+            lines.append(f"| {res.name} | {got.forecast_model} | {len(a)} (corpus run: {len(b)}) | {diff:.2e} | "
+                         f"{first if first is not None else '-'} | {got.collapse_step} |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, default=CORPUS, help="folder of the corpus's step tables")
     ap.add_argument("--write-models", action="store_true", help="write the two fitted models into the package")
     ap.add_argument("--out", type=Path, help="also write the Markdown here")
+    ap.add_argument("--wandb", default="spiral-vanilla-seed2,spiral-llds-seed2,lowlr-vanilla-seed2",
+                    help="held-out runs checked as W&B imports ('' to skip)")
+    ap.add_argument("--write-wandb", nargs=2, help=argparse.SUPPRESS)
+    if "--write-wandb" in sys.argv:
+        a = ap.parse_args()
+        _write_wandb(".", *a.write_wandb)
+        return 0
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     text = report(args.corpus.resolve(), args.write_models)
+    if args.wandb:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            text += ("\n\n### The scalars model on the same runs imported from W&B\n\nEach run's verl-named scalars "
+                     "logged through the wandb SDK (offline), imported with `import_offline` (which stores the "
+                     "detector's replay beside the run), and forecast as `lld-monitor forecast` does (the model "
+                     "chosen by the run's first row):\n\n"
+                     + "\n".join(wandb_check(args.corpus.resolve(), args.wandb.split(","), Path(tmp))))
     print(text)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")

@@ -53,6 +53,7 @@ def exported(tmp_path_factory):
 
 
 def test_exported_values_equal_the_store(exported):
+    from lld_monitor.detect import detect_run
     from lld_monitor.integrations.wandb.offline_file import read_offline_runs
     from lld_monitor.store import open_store_reader
 
@@ -72,6 +73,10 @@ def test_exported_values_equal_the_store(exported):
                 else:
                     assert h[f"lld/{sig}"] == pytest.approx(float(v), rel=1e-12), (s, sig)
             assert h["lld/custom_metric"] == s * 0.5
+        forecast = dict(detect_run(r.signals("local-exported")).forecast)  # the model RunLogger's detector chose
+    assert forecast and set(forecast) <= set(by_step)
+    for s, p in forecast.items():  # lld/p_collapse is the online detector's forecast, as the offline replay has it
+        assert by_step[s]["lld/p_collapse"] == pytest.approx(p, abs=1e-12), s
     last = rows[-1]
     assert last["lld/alerts_total"] >= 1 and last["lld/phase"] == 2  # PHASES.index("decay")
     assert isinstance(last["lld/alerts"], dict) and last["lld/alerts"].get("_type") == "table-file"

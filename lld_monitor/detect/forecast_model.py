@@ -49,21 +49,14 @@ SCALAR_PREFIXES = ("actor/", "critic/", "env/", "response_length/", "prompt_leng
 FRAMEWORKS = ("verl", "search-r1", "trl")
 
 
-def _framework_keys() -> tuple[frozenset[str], frozenset[str]]:
-    """(every key verl / Search-R1 / TRL log for a registry signal, the store columns the W&B importer fills from
-    those keys alone: the same numbers under our names)."""
-    keys: set[str] = set()
-    columns: set[str] = set()
-    for sig in registry.SIGNALS:
-        for src in sig.sources:
-            if src.framework in FRAMEWORKS:
-                keys.update(src.parts)
-        if sig.stored and any(s.framework in FRAMEWORKS for s in registry.import_sources(sig.name)):
-            columns.add(sig.name)
-    return frozenset(keys), frozenset(columns)
+def _framework_keys() -> frozenset[str]:
+    """Every key verl / Search-R1 / TRL log for a registry signal."""
+    return frozenset(k for sig in registry.SIGNALS for src in sig.sources if src.framework in FRAMEWORKS
+                     for k in src.parts)
 
 
-_SCALAR_KEYS, _SCALAR_STORE_COLUMNS = _framework_keys()
+_SCALAR_KEYS = _framework_keys()
+_STORE_COLUMNS = frozenset(sig.name for sig in registry.SIGNALS if sig.stored)
 
 
 FEATURES: tuple[str, ...] = (
@@ -75,11 +68,12 @@ FEATURES: tuple[str, ...] = (
 
 
 def scalar_columns(columns: Iterable[str]) -> list[str]:
-    """The columns a scalars model may see: `step`, what verl / TRL log by default (and the LLDS authors' metrics),
-    and the store columns the W&B importer fills from those keys (`reward_mean` from `critic/score/mean`, ...). Not
-    the likelihood and displacement columns only lld-monitor's logger computes."""
-    return [c for c in columns if c == "step" or c in _SCALAR_KEYS or c in _SCALAR_STORE_COLUMNS
-            or str(c).startswith(SCALAR_PREFIXES)]
+    """The columns a scalars model may see: `step` and the keys verl / TRL log by default (and the LLDS authors'
+    metrics), as logged. Not the store's own columns, not even those the W&B importer fills from these keys: a run
+    of ours carries its own values there (our entropy, our likelihoods), so a run and its W&B import would be two
+    views. Through the raw keys they are one (bench/forecast_eval.py checks it)."""
+    return [c for c in columns if c == "step" or (c not in _STORE_COLUMNS and (c in _SCALAR_KEYS
+                                                                                or str(c).startswith(SCALAR_PREFIXES)))]
 
 
 def _clip(x: float, lo: float, hi: float) -> float:
