@@ -94,6 +94,37 @@ def test_store_json_is_create_only_and_a_foreign_prefix_is_refused(s3_store):
     assert [o.key for o in Bucket(foreign).list_all("")] == ["notes.txt"]  # nothing written
 
 
+def test_two_writers_starting_a_new_prefix_at_once_both_open_it(s3_store, monkeypatch):
+    """The race two torchrun ranks hit on a new prefix: between one writer's GET of store.json (404) and its LIST of
+    the prefix, the other creates the store; SeaweedFS also lists the directory it is creating as a zero-byte
+    object named like the prefix (a folder marker, as a console's "Create folder" makes). Neither is a foreign
+    prefix."""
+    import datetime as dt
+
+    from lld_monitor.store.bucket import ObjectInfo
+    from lld_monitor.store.storedir import open_bucket_store_for_write
+
+    real_list = Bucket.list_dir
+    marker = ObjectInfo(key="", size=0, etag=None, last_modified=dt.datetime.now(dt.timezone.utc))
+
+    def list_while_another_writer_starts(self, prefix):
+        monkeypatch.setattr(Bucket, "list_dir", real_list)
+        open_bucket_store_for_write(Bucket(s3_store))  # the other rank got there first
+        subs, objs = real_list(self, prefix)
+        return subs, [marker, *objs]
+
+    monkeypatch.setattr(Bucket, "list_dir", list_while_another_writer_starts)
+    w = RunWriter.create(s3_store, "rank 0", "vanilla", run_id="ddp")
+    assert Bucket.list_dir is real_list  # the race happened
+    w.finish()
+    assert open_store_reader(s3_store, poll_s=0).run("ddp")["status"] == "finished"
+    # a folder marker alone is an empty prefix, where a store may start
+    monkeypatch.setattr(Bucket, "list_dir", lambda self, prefix: ([], [marker]))
+    from lld_monitor.store.storedir import inspect_bucket_store
+
+    assert inspect_bucket_store(Bucket(s3_store + "-empty")) is None
+
+
 def test_a_server_without_conditional_writes_is_refused(s3_store, monkeypatch):
     import lld_monitor.store.bucket as bucket_mod
 

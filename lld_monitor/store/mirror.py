@@ -39,7 +39,7 @@ from lld_monitor.files import atomic_write, exclusive_lock, user_cache_dir
 
 from . import layout
 from .bucket import Bucket, ObjectInfo
-from .storedir import inspect_bucket_store
+from .storedir import read_bucket_store
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +92,12 @@ class BucketMirror:
         self._clock: tuple[_dt.datetime, float] | None = None
         self._clock_at = float("-inf")
         self.fetched_bytes = 0
-        self.version = inspect_bucket_store(self.bucket)
+        self.version, store_json = read_bucket_store(self.bucket)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / ".mirror-of").write_text(self.url + "\n")
         self._sizes: dict[tuple[str, str], int] = self._scan_sizes()
-        if self.version is not None:
-            self._mirror_store_json()
+        if store_json is not None:
+            self._mirror_store_json(store_json)
 
     # ------------------------------------------------------------------ helpers
     def _lockfile(self) -> Path:
@@ -112,8 +112,7 @@ class BucketMirror:
                 sizes[key] = sizes.get(key, 0) + f.stat().st_size
         return sizes
 
-    def _mirror_store_json(self) -> None:
-        data, _ = self.bucket.get(layout.STORE_FILE)
+    def _mirror_store_json(self, data: bytes) -> None:
         local = self.root / layout.STORE_FILE
         if not local.exists() or local.read_bytes() != data:
             _write_bytes(local, data)
@@ -145,10 +144,10 @@ class BucketMirror:
 
     def _sync_locked(self) -> None:
         if self.version is None:
-            self.version = inspect_bucket_store(self.bucket)
-            if self.version is None:
+            self.version, store_json = read_bucket_store(self.bucket)
+            if store_json is None:
                 return
-            self._mirror_store_json()
+            self._mirror_store_json(store_json)
         now = time.monotonic()
 
         def due(rid: str) -> bool:

@@ -91,27 +91,48 @@ def inspect_bucket_store(bucket: "Bucket") -> int | None:
     """Validate a store in a bucket for reading. Returns its schema_version; None = nothing under the prefix yet (an
     empty store). NotAStoreError for a prefix that holds other objects or a corrupt store.json; StoreError for a
     missing bucket or refused credentials (naming the variable to set)."""
+    return read_bucket_store(bucket)[0]
+
+
+def read_bucket_store(bucket: "Bucket") -> tuple[int | None, bytes | None]:
+    """`inspect_bucket_store`, plus the store.json bytes it read (None with no store yet): the mirror keeps them
+    instead of asking for the object a second time (one round trip less when a reader opens a bucket)."""
     try:
         data, _ = bucket.get(layout.STORE_FILE)
     except FileNotFoundError:
-        subs, objs = bucket.list_dir("")
-        others = [o.key for o in objs if not o.key.rsplit("/", 1)[-1].startswith(".")] + subs
-        if layout.RUNS_DIR in subs:
-            raise NotAStoreError(
-                f"{bucket.url} holds runs/ but no {layout.STORE_FILE} (lost?). If it is an lld-monitor store, put back "
-                f'{layout.STORE_FILE} = {{"format": "{layout.STORE_FORMAT}", "schema_version": {SCHEMA_VERSION}}}; '
-                "nothing was changed.") from None
-        if others:
-            raise NotAStoreError(
-                f"{bucket.url} is not an lld-monitor store (no {layout.STORE_FILE}, and the prefix holds other objects: "
-                f"{', '.join(sorted(others)[:3])}). Pass --store with a store prefix, or a new/empty one.") from None
-        return None
+        problem = _not_a_bucket_store(bucket)
+        if problem is None:
+            return None, None
+        # look again: a writer creating this store at the same moment puts store.json first, then its runs, so what
+        # the LIST saw may be that store appearing, not a foreign prefix (two torchrun ranks on a new prefix)
+        try:
+            data, _ = bucket.get(layout.STORE_FILE)
+        except FileNotFoundError:
+            raise NotAStoreError(problem) from None
     try:
         meta = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise NotAStoreError(f"{bucket.url}/{layout.STORE_FILE} is corrupt ({e}); this is not a readable lld-monitor "
                              "store.") from e
-    return migrations.store_version(meta, bucket.url)
+    return migrations.store_version(meta, bucket.url), data
+
+
+def _not_a_bucket_store(bucket: "Bucket") -> str | None:
+    """Why a prefix without store.json cannot be a new store (None: it is empty, a store may start there). Folder
+    markers (a zero-byte object named like the prefix, "prefix/", as a console's "Create folder" makes and as SeaweedFS
+    lists a directory it is creating) and hidden keys (the writers' conditional-write probes) do not count."""
+    subs, objs = bucket.list_dir("")
+    subs = [s for s in subs if s]
+    others = [o.key for o in objs
+              if o.key and not o.key.endswith("/") and not o.key.rsplit("/", 1)[-1].startswith(".")] + subs
+    if layout.RUNS_DIR in subs:
+        return (f"{bucket.url} holds runs/ but no {layout.STORE_FILE} (lost?). If it is an lld-monitor store, put back "
+                f'{layout.STORE_FILE} = {{"format": "{layout.STORE_FORMAT}", "schema_version": {SCHEMA_VERSION}}}; '
+                "nothing was changed.")
+    if others:
+        return (f"{bucket.url} is not an lld-monitor store (no {layout.STORE_FILE}, and the prefix holds other objects: "
+                f"{', '.join(sorted(others)[:3])}). Pass --store with a store prefix, or a new/empty one.")
+    return None
 
 
 def open_bucket_store_for_write(bucket: "Bucket") -> None:
