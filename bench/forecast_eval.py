@@ -101,6 +101,24 @@ def targets(j: Judged) -> list[tuple[str, bool]]:
             ("no healthy run reaches p >= 0.5", healthy < THRESHOLD)]
 
 
+def cost_per_step(runs: list[CorpusRun], model: ForecastModel, reps: int = 5) -> tuple[float, float]:
+    """(ms per step the forecast adds to the online detector, ms per step of the detector without it): medians
+    of `reps` replays of `runs`, with and without the model, interleaved."""
+    from lld_monitor.detect import detect_run
+
+    steps = sum(len(r.signals) for r in runs)
+    with_f, without = [], []
+    with ff._quiet_detector():
+        for _ in range(reps):
+            for forecast, out in ((model, with_f), (None, without)):
+                t0 = time.perf_counter()
+                for r in runs:
+                    detect_run(r.signals, None, forecast)
+                out.append((time.perf_counter() - t0) * 1000 / steps)
+    base = float(np.median(without))
+    return float(np.median(with_f)) - base, base
+
+
 def report(corpus: Path, write_models: bool) -> str:
     t0 = time.perf_counter()
     runs = load(corpus)
@@ -117,6 +135,10 @@ def report(corpus: Path, write_models: bool) -> str:
     for inputs in INPUTS:
         fit_steps = steps_of(fit_runs, inputs)
         model, cv, cv_scores = fit_model(fit_steps, inputs)
+        if inputs == "all":
+            added, base = cost_per_step(fit_runs[:6], model)
+            lines += [f"Cost: the forecast adds {added:.3f} ms per step to the online detector ({base:.3f} ms per step "
+                      "without it; medians of 5 replays of 6 runs, interleaved).", ""]
         if write_models:
             MODELS_DIR.mkdir(exist_ok=True)
             (MODELS_DIR / f"{inputs}.json").write_text(model.to_json(), encoding="utf-8")

@@ -186,11 +186,14 @@ def test_detector_state_round_trips_exactly(cut):
     d = OnlineDetector()
     for s, row in rows[:cut]:
         d.update(s, row)
-    d2 = OnlineDetector.from_state(json.loads(json.dumps(d.to_state())), None, d.alerts, d.phase_changes)
+    assert d.forecast_model is not None  # AUTO: the shipped model for a run that logs displacement
+    d2 = OnlineDetector.from_state(json.loads(json.dumps(d.to_state())), None, d.alerts, d.phase_changes,
+                                   forecast_model=d.forecast_model, forecast=d.forecast)
     for s, row in rows[cut:]:
         d2.update(s, row)
     full = detect_run(sig)
     got = d2.result()
     assert got.alerts == full.alerts and got.phase_changes == full.phase_changes
+    assert got.forecast == full.forecast and got.forecast_model == full.forecast_model
     assert (got.phase, got.phase_starts, got.collapse_step, got.signal_sources) == (
         full.phase, full.phase_starts, full.collapse_step, full.signal_sources)

@@ -143,7 +143,7 @@ def test_verl_names_resolve_and_scalar_only_run_warns():
         "grad_norm": "actor/grad_norm",
         "clip_frac": "actor/pg_clipfrac",
     }
-    res = detect_run(df)
+    res = detect_run(df, None, None)  # the phases (the forecast's own warning: tests/test_detect_forecast.py)
     # step scalars only: the likelihood proxy's decline is an honest info, never a warning ...
     proxy = [a for a in res.alerts if a.message.startswith(PROXY_DECLINE_MESSAGE)]
     assert proxy and proxy[0].severity == "info" and proxy[0].signal == "actor/pos_avg_old_log_prob"

@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from lld_monitor.detect import DetectorConfig, detect_run, reward_collapse_step
+from lld_monitor.detect import DetectorConfig, reward_collapse_step
+from lld_monitor.detect import detect_run as _detect_run
 from lld_monitor.detect.synthetic import SpiralSpec, healthy, spiral, to_verl
+
+# the phases and their alerts; the forecast and its own alert are tests/test_detect_forecast.py's
+detect_run = partial(_detect_run, forecast=None)
 
 SEVERE = ("warning", "critical")
 

@@ -54,6 +54,17 @@ def _text(at: AppTest) -> str:
     return "\n".join(parts)
 
 
+def _array(v) -> list:
+    """A Plotly JSON array: a list, or a typed array ({"dtype", "bdata": base64})."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return list(v)
+
+
 def _assert_clean(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
@@ -156,7 +167,7 @@ def test_imported_run_without_token_data(store, page):
     if page == "pages/token_inspector.py":
         assert "no token data" in _text(at) and "W&B" in _text(at)
     if page == "pages/live_health.py":
-        assert _charts(at) == 1
+        assert _charts(at) == 2  # the signals and the collapse forecast (the scalars model: no displacement logged)
 
 
 @pytest.fixture
@@ -197,7 +208,7 @@ def test_not_a_store(tmp_path):
 
 def test_switching_store_in_the_sidebar(store, empty_store):
     at = _app(store["path"], store["vanilla"])
-    assert _charts(at) == 1
+    assert _charts(at) == 2  # the signals and the collapse forecast
     at.sidebar.text_input(key="store_path").set_value(empty_store).run()
     _assert_clean(at)
     assert _charts(at) == 0 and "has no runs yet" in _text(at)
@@ -230,3 +241,39 @@ def test_newer_schema_store_says_upgrade(tmp_path):
     at = _app(str(p), None)
     _assert_clean(at)
     assert "newer lld-monitor" in _text(at), _text(at)
+
+
+@pytest.mark.skipif(not (SAMPLE_RUNS / "store.json").exists(), reason="sample_runs/ has no store yet (made by the backend)")
+def test_live_health_forecast_panel_shows_the_detector_s_forecast(tmp_path):
+    """issue 37: the forecast panel on the bundled vanilla run draws exactly the detector's p_collapse, with the
+    status figures (collapse step, first p >= 0.5 and its lead, the model) that `detect_run` gives."""
+    import json
+    import shutil
+
+    from lld_monitor.detect import detect_run
+    from lld_monitor.store import open_store_reader
+
+    store = tmp_path / "s"
+    shutil.copytree(SAMPLE_RUNS, store)  # the page may cache a detector replay beside the run
+    with open_store_reader(store) as r:
+        runs = r.runs()
+        rid = str(runs[runs["mode"] == "vanilla"]["run_id"].iloc[0])
+        res = detect_run(r.signals(rid))
+    assert res.forecast_model == "all" and res.collapse_step is not None
+    at = _app(str(store), rid, "pages/live_health.py")
+    _assert_clean(at)
+    metrics = {m.label: (m.value, m.delta) for m in at.metric}
+    assert metrics["Reward collapsed at step"][0] == str(res.collapse_step)
+    assert metrics["Forecast model"][0] == "all"
+    first = next((s for s, p in res.forecast if p >= 0.5), None)
+    label = "First p ≥ 0.5"
+    if first is None:
+        assert metrics[label][0] == "never"
+    else:
+        assert metrics[label] == (f"step {first}", f"{res.collapse_step - first} steps before the collapse")
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    fig = next(f for f in figs if "Collapse forecast" in f["layout"].get("title", {}).get("text", ""))
+    p_trace = fig["data"][0]
+    assert list(_array(p_trace["x"])) == [float(s) for s, _ in res.forecast]
+    assert list(_array(p_trace["y"])) == pytest.approx([p for _, p in res.forecast], abs=1e-12)
+    assert any(sh.get("y0") == 0.5 for sh in fig["layout"]["shapes"])  # the alert line

@@ -36,8 +36,8 @@ import pandas as pd
 from lld_monitor.signals import as_number
 
 from .config import DetectorConfig, load_detector_config
-from .forecast_model import ForecastModel
-from .offline import _prepare, iter_signal_rows
+from .forecast_model import AUTO, ForecastModel
+from .offline import _prepare, iter_signal_rows, run_model
 from .online import Alert, OnlineDetector
 from .signal_sources import KNOWN_COLUMNS
 
@@ -218,12 +218,14 @@ def _valid_prefix(group: pd.DataFrame, steps: np.ndarray, mat: np.ndarray) -> li
 
 
 def resume(signals_df: pd.DataFrame, checkpoints: pd.DataFrame | None,
-           cfg: DetectorConfig | None = None, forecast: ForecastModel | None = None) -> Resumed | None:
+           cfg: DetectorConfig | None = None, forecast: ForecastModel | str | None = AUTO) -> Resumed | None:
     """Restore the detector from the furthest checkpoint that matches `signals_df` (see the module docstring);
-    None when none does. Never raises on a bad checkpoint: it is skipped with a log line."""
+    None when none does. Never raises on a bad checkpoint: it is skipped with a log line. `forecast`: AUTO (the
+    model RunLogger's detector chose for this run), a model, or None."""
     if checkpoints is None or len(checkpoints) == 0 or signals_df is None or signals_df.empty:
         return None
     cfg = cfg or load_detector_config(None)
+    forecast = run_model(signals_df) if forecast == AUTO else forecast
     fp = config_fingerprint(cfg, forecast)
     ck = checkpoints[checkpoints["config"].astype(str) == fp]
     if ck.empty:
@@ -262,12 +264,14 @@ def resume(signals_df: pd.DataFrame, checkpoints: pd.DataFrame | None,
 
 
 def detect_resumed(signals_df: pd.DataFrame, checkpoints: pd.DataFrame | None | Callable[[], pd.DataFrame],
-                   cfg: DetectorConfig | None = None, forecast: ForecastModel | None = None
+                   cfg: DetectorConfig | None = None, forecast: ForecastModel | str | None = AUTO
                    ) -> tuple[OnlineDetector, int]:
     """The detector (with `forecast`) after every row of `signals_df`: restored from a checkpoint where one
     matches, the rest replayed. Returns (detector, rows replayed). Same result as `detect_run(signals_df, cfg,
     forecast)`."""
     ck = checkpoints() if callable(checkpoints) else checkpoints
+    if forecast == AUTO and signals_df is not None and not signals_df.empty:
+        forecast = run_model(signals_df)
     res = resume(signals_df, ck, cfg, forecast)
     if res is None:
         det, start = OnlineDetector(cfg, forecast), 0

@@ -65,7 +65,7 @@ def run_steps(name: str, signals: pd.DataFrame, horizon: int, inputs: str = "all
     cfg = cfg or load_detector_config(None)
     sig = restrict(signals, inputs)
     collapse = reward_collapse_step(sig, cfg)
-    det = OnlineDetector(cfg)
+    det = OnlineDetector(cfg, None)  # the features only: no forecast of its own
     rows = []
     with _quiet_detector():
         for step, row in iter_signal_rows(sig):

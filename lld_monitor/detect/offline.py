@@ -61,7 +61,9 @@ def iter_signal_rows(signals_df: pd.DataFrame):
 
 def one_view(signals_df: pd.DataFrame, forecast: ForecastModel) -> bool:
     """True when one detector can name the phases and make the forecast: the model sees every column, or the
-    columns it may not see hold no value (e.g. an imported verl run's empty likelihood columns)."""
+    columns it may not see hold no value. (`detect_run` with an explicit scalars model on a run that logs more runs a
+    second detector on `scalar_columns`; AUTO never needs one: it picks the scalars model only for a run without
+    lld-monitor's own signals, whose columns are what verl or TRL logged.)"""
     if forecast.inputs == "all":
         return True
     hidden = set(signals_df.columns) - set(scalar_columns(signals_df.columns))
@@ -73,13 +75,6 @@ def run_model(signals_df: pd.DataFrame) -> ForecastModel | None:
     for _, row in iter_signal_rows(signals_df):
         return model_for(row)
     return model_for({})
-
-
-def view_model(signals_df: pd.DataFrame) -> ForecastModel | None:
-    """The forecast model of one detector over this run (`run_model`; None when that is a scalars model and the
-    run logs more than it may see: `detect_run` then runs it apart)."""
-    model = run_model(signals_df)
-    return model if model is None or one_view(signals_df, model) else None
 
 
 def detect_run(signals_df: pd.DataFrame, cfg: DetectorConfig | None = None,
@@ -116,7 +111,7 @@ def reward_collapse_step(signals_df: pd.DataFrame, cfg: DetectorConfig | None = 
     online detector's `collapse_step` (it is the same class)."""
     # the reward source is chosen as the online detector chooses it (highest-priority candidate,
     # upgraded during warm-up); feeding the detector's own signal tracks keeps the two identical.
-    det = OnlineDetector(cfg)
+    det = OnlineDetector(cfg, None)
     # only the reward: the other signals never touch the reward's source or its collapse (10x faster)
     cols = [c for c in signals_df.columns if c == "step" or c in REWARD_COLUMNS]
     for step, row in iter_signal_rows(signals_df[cols]):

@@ -244,7 +244,7 @@ class OnlineDetector:
     Steps must increase; a step not greater than the last one is ignored (logged).
     """
 
-    def __init__(self, cfg: DetectorConfig | None = None, forecast: ForecastModel | str | None = None) -> None:
+    def __init__(self, cfg: DetectorConfig | None = None, forecast: ForecastModel | str | None = AUTO) -> None:
         # no config given: $LLD_MONITOR_DETECTOR_CONFIG's file if set (RunLogger, the dashboard), else defaults
         self.cfg = cfg or load_detector_config(None)
         # p_collapse after every update (forecast_model.py); None: no forecast; AUTO: `model_for` the first row

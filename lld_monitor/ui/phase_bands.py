@@ -12,7 +12,7 @@ import pandas as pd
 from lld_monitor.detect import OnlineDetector, iter_signal_rows
 from lld_monitor.detect.checkpoint import replay_checkpoint, resume
 from lld_monitor.detect.forecast_model import THRESHOLD
-from lld_monitor.detect.offline import view_model
+from lld_monitor.detect.offline import run_model
 from lld_monitor.detect.phases import HEALTHY
 from lld_monitor.store import schema
 
@@ -297,10 +297,10 @@ class DetectionTracker:
 
 
 def _model(signals: pd.DataFrame):
-    """The forecast model for this run (`detect.offline.view_model`; none if its file cannot be read: the page
+    """The forecast model for this run (`detect.offline.run_model`; none if its file cannot be read: the page
     still draws)."""
     try:
-        return view_model(signals)
+        return run_model(signals)
     except (OSError, ValueError) as exc:
         log.warning("forecast model unavailable (%s); no forecast", exc)
         return None

@@ -336,11 +336,10 @@ def write_run(
 
 
 def store_detector_replay(store: str, run_id: str) -> bool:
-    """Replay the detector (with the run's forecast model, `detect.offline.view_model`) over the imported run and
+    """Replay the detector (with the run's forecast model, `detect.offline.run_model`) over the imported run and
     store its state beside the run (store/detector_cache.py): the dashboard, `detect` and `forecast` restore it
     instead of replaying a run that has no online checkpoints. False (logged) when it could not be stored."""
     from lld_monitor.detect.checkpoint import detect_resumed, replay_checkpoint
-    from lld_monitor.detect.offline import view_model
     from lld_monitor.store import open_store_reader
     from lld_monitor.store.detector_cache import write_detector_cache
 
@@ -349,7 +348,7 @@ def store_detector_replay(store: str, run_id: str) -> bool:
             signals = reader.signals(run_id)
         if signals.empty:
             return True
-        det, _ = detect_resumed(signals, None, None, view_model(signals))
+        det, _ = detect_resumed(signals, None)  # forecast=AUTO: the model RunLogger's detector would choose
         return write_detector_cache(store, run_id, replay_checkpoint(det, signals)) is not None
     except Exception:  # noqa: BLE001 - the import itself is done; only the first look gets slower
         log.exception("detector replay of imported run %s not stored", run_id)
