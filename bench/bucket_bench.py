@@ -79,7 +79,7 @@ class Bucketside:
         if self.proxy is not None:
             self.proxy.close()
         if self.server is not None:
-            self.server.stop()
+            self.server.stop(grace_s=2.0)  # its data is in the bench's temporary folder
 
 
 def _append_flush(w, step: int, rng) -> None:

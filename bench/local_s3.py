@@ -132,16 +132,21 @@ class LocalS3:
         except Exception:  # noqa: BLE001 - not yet
             return False
 
-    def stop(self) -> None:
-        """SIGTERM to its PID (its own session), SIGKILL after 10 s."""
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to its PID (its own session), then, after `grace_s`, SIGKILL to its process group (the same id).
+        A throwaway server (tests, benches: its data in a temporary folder) is stopped with a short grace: `weed`
+        with clients still connected does not finish its SIGTERM shutdown in 10 s."""
         p, self.proc = self.proc, None
         if p is None or p.poll() is not None:
             return
         os.kill(p.pid, signal.SIGTERM)
         try:
-            p.wait(10)
+            p.wait(grace_s)
         except subprocess.TimeoutExpired:
-            os.kill(p.pid, signal.SIGKILL)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             p.wait(10)
 
 

@@ -34,7 +34,7 @@ def s3_server(tmp_path_factory):
 
     srv = LocalS3.start(tmp_path_factory.mktemp("seaweedfs"))
     yield srv
-    srv.stop()
+    srv.stop(grace_s=2.0)  # a throwaway server: SIGKILL after 2 s (with clients connected, SIGTERM takes > 10 s)
 
 
 @pytest.fixture

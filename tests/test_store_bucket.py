@@ -188,6 +188,46 @@ def test_the_mirror_fetches_only_what_changed(s3_store, tmp_path):
     assert done.finished
 
 
+def test_the_first_look_lists_once_and_fetches_a_runs_small_tables_in_one_round(s3_store, tmp_path, monkeypatch):
+    for rid in ("a", "b"):
+        w = _write(s3_store, rid, steps=4, finish=False)
+        w.append("alerts", {"step": [3], "phase": ["healthy"], "severity": ["info"], "signal": ["x"], "value": [0.0],
+                            "threshold": [0.0], "message": ["x"]})
+        w.finish()
+    r = open_store_reader(s3_store, poll_s=60, mirror_dir=tmp_path / "m")  # the LIST made at open is fresh enough
+    calls: list[tuple[str, str]] = []
+    for name in ("list_dir", "list_all", "get"):
+        real = getattr(r._mirror.bucket, name)
+        monkeypatch.setattr(r._mirror.bucket, name, lambda key, real=real, name=name: calls.append((name, key))
+                            or real(key))
+
+    def tables(kind: str) -> list[str]:
+        return sorted(k.split("/")[2] for n, k in calls if n == kind and k.endswith(".parquet"))
+
+    assert set(r.runs().run_id) == {"a", "b"}
+    assert [c for c in calls if c[0] != "get"] == []  # the first sync uses the LIST of runs/ made beside store.json
+    assert tables("get") == ["steps", "steps"]  # the run list counts steps: nothing else yet
+    calls.clear()
+    r._mirror.poll_s = 0
+    assert len(r.metrics("a")) == 8  # brings a's alerts with it (no detector_state here), not its samples or tokens
+    assert sorted(k.rsplit("/", 2)[-2] for n, k in calls if n == "get") == ["alerts", "metrics"]
+    assert all(k.startswith("runs/a/") for _, k in calls if k.endswith(".parquet"))
+    calls.clear()
+    assert len(r.alerts("a")) == 1 and len(r.steps("a")) == 4 and r.detector_state("a").empty
+    assert tables("get") == []
+    assert len(r.samples("a")) == 16
+    assert tables("get") == ["samples"]
+    # a detector cache put there later comes over at a sync; gone from the bucket, it leaves the mirror
+    r._mirror.recheck_s = 0
+    cache = "runs/b/detector_cache/x.parquet"
+    Bucket(s3_store).put(cache, b"not read here")
+    r.runs()
+    assert (r._mirror.root / cache).read_bytes() == b"not read here"
+    Bucket(s3_store).delete(cache)
+    r.runs()
+    assert not (r._mirror.root / cache).exists()
+
+
 def test_the_mirror_stays_within_its_disk_bound(s3_store, tmp_path):
     for rid in ("a", "b", "c"):
         _write(s3_store, rid, steps=4)

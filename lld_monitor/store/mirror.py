@@ -3,13 +3,18 @@
 DuckDB never talks to the bucket (it has no httpfs offline, and scanning Parquet over the network costs seconds).
 The reader asks the mirror, before each query, for the objects that query needs:
 
-- **sync()** (at most every `poll_s`, 1 s): one LIST of `runs/`, then one LIST per run that is still running or was
-  not seen yet (its run.json and manifests, with their ETags and LastModified), all in parallel; a JSON object is
-  fetched only when its ETag changed. A finished run is listed again only every `recheck_s` (60 s): a poll costs
-  1 + (live runs) LISTs plus the GETs of what changed. A run gone from the bucket leaves the mirror.
+- **sync()** (at most every `poll_s`, 1 s): the first one lists `runs/` recursively (one request per 1,000 objects,
+  made beside the GET of store.json when the mirror opens); later ones, in one round, LIST `runs/` and each run that
+  is still running (its run.json and manifests, with their ETags and LastModified), then LIST the runs not seen yet
+  (and the detector caches of runs that have one). Then one round GETs every JSON object whose ETag changed and
+  every detector cache file not here, of all runs at once. A finished run is listed again only every `recheck_s`
+  (60 s): a poll costs 1 + (live runs) LISTs plus the GETs of what changed. A run gone from the bucket leaves the
+  mirror.
 - **ensure(files)**: the segments a query reads that are not here yet, fetched in parallel (segments never change:
-  a name present is a segment complete). A table once read is kept up to date: a new manifest's segments for it
-  are fetched before the manifest is written into the mirror, so the local reader never lists a missing file.
+  a name present is a segment complete); a query of one run's steps, metrics, alerts or detector_state brings the
+  run's other three small tables in the same round (its first page reads all four). A table once read is kept up to
+  date: a new manifest's segments for it are fetched (all runs in one round) before the manifest is written into the
+  mirror, so the local reader never lists a missing file.
 - Segment files that no manifest lists any more (merged away) are deleted at the sync that sees the new manifest.
 - **Disk**: the JSON metadata of every run (a few KB each) plus the segments of the (run, table) pairs read, at
   most `max_bytes` (default 10 GiB, `$LLD_MONITOR_MIRROR_GB`): past that the least recently read pairs are dropped
@@ -31,6 +36,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,7 @@ DEFAULT_MAX_GB = 10.0
 POLL_S = 1.0
 RECHECK_FINISHED_S = 60.0
 CLOCK_EVERY_S = 30.0
+TOGETHER = ("steps", "metrics", "alerts", "detector_state")  # a run's small tables, fetched in one round (ensure)
 
 
 @dataclass
@@ -92,7 +99,9 @@ class BucketMirror:
         self._clock: tuple[_dt.datetime, float] | None = None
         self._clock_at = float("-inf")
         self.fetched_bytes = 0
-        self.version, store_json = read_bucket_store(self.bucket)
+        # store.json and the LIST the first sync needs, in one round (a reader opens a store to read its runs)
+        (self.version, store_json), self._first_list = self.bucket.map(
+            lambda f: f(), [lambda: read_bucket_store(self.bucket), self._list_recursively])
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / ".mirror-of").write_text(self.url + "\n")
         self._sizes: dict[tuple[str, str], int] = self._scan_sizes()
@@ -100,6 +109,12 @@ class BucketMirror:
             self._mirror_store_json(store_json)
 
     # ------------------------------------------------------------------ helpers
+    def _list_recursively(self) -> tuple[float, list[ObjectInfo]] | None:
+        try:
+            return time.monotonic(), self.bucket.list_all(layout.RUNS_DIR)
+        except Exception:  # noqa: BLE001 - the first sync lists again, and says what is wrong
+            return None
+
     def _lockfile(self) -> Path:
         return self.root / ".sync.lock"
 
@@ -149,26 +164,9 @@ class BucketMirror:
                 return
             self._mirror_store_json(store_json)
         now = time.monotonic()
-
-        def due(rid: str) -> bool:
-            st = self._runs.get(rid)
-            return not (st is not None and st.finished and now - st.checked < self.recheck_s
-                        and (self.root / layout.RUNS_DIR / rid).is_dir())
-
-        # one round trip for the run list and the runs known to be live, a second one only for runs new to us
-        known = [rid for rid in self._runs if due(rid)]
-        first = self.bucket.map(lambda p: self.bucket.list_dir(p),
-                                [layout.RUNS_DIR] + [f"{layout.RUNS_DIR}/{rid}" for rid in known])
-        run_ids = first[0][0]
-        present = set(run_ids)
-        got = {rid: lst for rid, lst in zip(known, first[1:]) if rid in present}
-        new = [rid for rid in run_ids if layout.valid_run_id(rid) and rid not in got and due(rid)]
-        got.update(zip(new, self.bucket.map(lambda rid: self.bucket.list_dir(f"{layout.RUNS_DIR}/{rid}"), new)))
-        todo = list(got)
-        listings = [got[rid] for rid in todo]
-        changed: list[tuple[str, ObjectInfo]] = []
-        caches: list[str] = []
-        for rid, (subs, objs) in zip(todo, listings):
+        present, listed = self._list_runs(now)
+        changed: list[tuple[str, ObjectInfo]] = []  # run.json / manifests to fetch
+        for rid, (objs, _) in listed.items():
             st = self._runs.setdefault(rid, _Run())
             st.checked = now
             names = {}
@@ -178,24 +176,28 @@ class BucketMirror:
                     names[name] = o
                     if name.startswith(layout.MANIFEST_PREFIX):
                         st.modified[name] = o.last_modified
-                    local = self.root / o.key
-                    if st.etags.get(name) != o.etag or not local.exists():
+                    if st.etags.get(name) != o.etag or not (self.root / o.key).exists():
                         changed.append((rid, o))
             for gone in set(st.etags) - set(names):  # a manifest deleted (overwrite=True)
                 (self.root / layout.RUNS_DIR / rid / gone).unlink(missing_ok=True)
                 st.etags.pop(gone, None)
                 st.modified.pop(gone, None)
-            if layout.DETECTOR_CACHE_DIR in subs:
-                caches.append(rid)
-        bodies = self.bucket.map(lambda o: self.bucket.get(o.key), [o for _, o in changed])
+        caches = [o.key for _, cache in listed.values() for o in cache if not (self.root / o.key).exists()]
+        # one round for every changed JSON object and every missing detector cache file, of all runs
+        bodies = self.bucket.map(self.bucket.get, [o.key for _, o in changed] + caches)
+        for key, (data, _) in zip(caches, bodies[len(changed):]):
+            self._store(key, data)
         by_run: dict[str, list[tuple[ObjectInfo, bytes]]] = {}
-        for (rid, o), (data, info) in zip(changed, bodies):
+        for (rid, _), (data, info) in zip(changed, bodies):
             by_run.setdefault(rid, []).append((info, data))
+        # the segments the new manifests list for tables in use, all runs in one round, before the manifests: the
+        # local reader never lists a file that is not here
+        self._fetch([k for rid, items in by_run.items() for k in self._in_use(rid, items)
+                     if not (self.root / k).exists()])
         for rid, items in by_run.items():
-            self._apply_run(rid, items)
-        for rid in caches:
-            self._sync_detector_cache(rid)
-        for rid in todo:
+            self._write_run(rid, items)
+        for rid, (_, cache) in listed.items():
+            self._drop_stale_caches(rid, {o.key.rsplit("/", 1)[-1] for o in cache})
             self._update_finished(rid)
         for rdir in list((self.root / layout.RUNS_DIR).glob("*")) if (self.root / layout.RUNS_DIR).is_dir() else []:
             if rdir.name not in present:  # deleted from the bucket
@@ -207,15 +209,55 @@ class BucketMirror:
         if any(not st.finished for rid, st in self._runs.items() if rid in present):
             self._refresh_clock()
 
-    def _apply_run(self, rid: str, items: list[tuple[ObjectInfo, bytes]]) -> None:
-        """Write the changed run.json / manifests of one run into the mirror: first the segments they list for tables
-        in use, then the JSON, then drop the segments no manifest lists."""
-        st = self._runs[rid]
-        rdir = self.root / layout.RUNS_DIR / rid
+    def _list_runs(self, now: float) -> tuple[set[str], dict[str, tuple[list[ObjectInfo], list[ObjectInfo]]]]:
+        """(the run ids in the bucket, {run due for a look: (the objects in its folder, its detector cache)}).
+
+        The first sync lists `runs/` recursively (one request per 1,000 objects; a run holds a few dozen) instead of
+        the run list, then one LIST per run, then one per detector cache; the mirror made that LIST when it opened,
+        beside its GET of store.json, and uses it if it is at most `poll_s` old. Later syncs list, in one round, `runs/`
+        and the runs known to be live (finished ones every `recheck_s`), then in a second round the runs new to us,
+        then the detector caches of the runs listed."""
+        first, self._first_list = self._first_list, None
+        if not self._runs:
+            if first is None or now - first[0] > self.poll_s:  # the one made at open is too old
+                first = (now, self.bucket.list_all(layout.RUNS_DIR))
+            got: dict[str, tuple[list[ObjectInfo], list[ObjectInfo]]] = {}
+            for o in first[1]:
+                parts = o.key.split("/")
+                if len(parts) < 3:
+                    continue
+                objs, cache = got.setdefault(parts[1], ([], []))
+                if len(parts) == 3:
+                    objs.append(o)
+                elif len(parts) == 4 and parts[2] == layout.DETECTOR_CACHE_DIR:
+                    cache.append(o)
+            return set(got), {rid: v for rid, v in got.items() if layout.valid_run_id(rid)}
+
+        def due(rid: str) -> bool:
+            st = self._runs.get(rid)
+            return not (st is not None and st.finished and now - st.checked < self.recheck_s
+                        and (self.root / layout.RUNS_DIR / rid).is_dir())
+
+        def run_dir(rid: str) -> str:
+            return f"{layout.RUNS_DIR}/{rid}"
+
+        known = [rid for rid in self._runs if due(rid)]
+        lists = self.bucket.map(self.bucket.list_dir, [layout.RUNS_DIR] + [run_dir(rid) for rid in known])
+        run_ids = lists[0][0]
+        present = set(run_ids)
+        got = {rid: lst for rid, lst in zip(known, lists[1:]) if rid in present}
+        new = [rid for rid in run_ids if layout.valid_run_id(rid) and rid not in got and due(rid)]
+        got.update(zip(new, self.bucket.map(self.bucket.list_dir, [run_dir(rid) for rid in new])))
+        with_cache = [rid for rid, (subs, _) in got.items() if layout.DETECTOR_CACHE_DIR in subs]
+        caches = dict(zip(with_cache, self.bucket.map(self.bucket.list_dir, [
+            f"{run_dir(rid)}/{layout.DETECTOR_CACHE_DIR}" for rid in with_cache])))
+        return present, {rid: (objs, caches[rid][1] if rid in caches else []) for rid, (_, objs) in got.items()}
+
+    def _in_use(self, rid: str, items: list[tuple[ObjectInfo, bytes]]) -> list[str]:
+        """The segment keys that the changed manifests among `items` list for the run's tables in use."""
         want: list[str] = []
         for info, data in items:
-            name = info.key.rsplit("/", 1)[-1]
-            if not name.startswith(layout.MANIFEST_PREFIX):
+            if not info.key.rsplit("/", 1)[-1].startswith(layout.MANIFEST_PREFIX):
                 continue
             try:
                 man = json.loads(data)
@@ -224,14 +266,19 @@ class BucketMirror:
             for t, segs in (man.get("segments") or {}).items():
                 if (rid, t) in self._used:
                     want += [f"{layout.RUNS_DIR}/{rid}/{t}/{s['file']}" for s in segs if isinstance(s, dict)]
-        self._fetch([k for k in want if not (self.root / k).exists()])
+        return want
+
+    def _write_run(self, rid: str, items: list[tuple[ObjectInfo, bytes]]) -> None:
+        """Write the changed run.json / manifests of one run into the mirror (the segments they list for tables in use
+        are here), then drop the segments no manifest lists."""
+        st = self._runs[rid]
         for info, data in items:
             name = info.key.rsplit("/", 1)[-1]
             _write_bytes(self.root / info.key, data)
             if st.etags.get(name) != info.etag and name.startswith(layout.MANIFEST_PREFIX):
                 st.changed_at[name] = time.monotonic()
             st.etags[name] = info.etag
-        self._drop_unlisted(rid, rdir)
+        self._drop_unlisted(rid, self.root / layout.RUNS_DIR / rid)
 
     def _listed(self, rdir: Path) -> dict[str, set[str]]:
         listed: dict[str, set[str]] = {}
@@ -258,18 +305,15 @@ class BucketMirror:
                     f.unlink(missing_ok=True)
                     self._sizes[(rid, t)] = max(0, self._sizes.get((rid, t), 0) - size)
 
-    def _sync_detector_cache(self, rid: str) -> None:
-        _, objs = self.bucket.list_dir(f"{layout.RUNS_DIR}/{rid}/{layout.DETECTOR_CACHE_DIR}")
+    def _drop_stale_caches(self, rid: str, keep: set[str]) -> None:
         local_dir = self.root / layout.RUNS_DIR / rid / layout.DETECTOR_CACHE_DIR
-        keep = set()
-        for o in objs:
-            keep.add(o.key.rsplit("/", 1)[-1])
-            if not (self.root / o.key).exists():
-                self._fetch([o.key])
         if local_dir.is_dir():
             for f in local_dir.iterdir():
                 if f.name not in keep and not f.name.startswith("."):
+                    size = f.stat().st_size
                     f.unlink(missing_ok=True)
+                    k = (rid, layout.DETECTOR_CACHE_DIR)
+                    self._sizes[k] = max(0, self._sizes.get(k, 0) - size)
 
     def _update_finished(self, rid: str) -> None:
         st = self._runs.get(rid)
@@ -287,33 +331,56 @@ class BucketMirror:
     # ------------------------------------------------------------------ segments
     def ensure(self, files: list[str]) -> None:
         """Make sure each of `files` (paths in the mirror) is here; fetch the missing ones in parallel. FileNotFoundError
-        when one is gone from the bucket too (merged away: the caller re-plans on fresh manifests)."""
+        when one is gone from the bucket too (merged away: the caller re-plans on fresh manifests).
+
+        A query of one run's `steps`, `metrics`, `alerts` or `detector_state` that finds segments missing also brings
+        the missing segments of the run's other three in the same round: a run's first page reads all four (the run
+        overview), one after another. `samples` and `tokens`, the big tables, come only when read."""
         with self._lock:
             now = time.monotonic()
-            missing = []
-            for f in files:
-                key = self.key_of(f)
-                parts = key.split("/")
-                if len(parts) >= 4 and parts[0] == layout.RUNS_DIR:
-                    self._used[(parts[1], parts[2])] = now
-                if not os.path.exists(f):
-                    missing.append(key)
+            keys = [self.key_of(f) for f in files]
+            pairs = {(k.split("/")[1], k.split("/")[2]) for k in keys
+                     if k.count("/") >= 3 and k.startswith(layout.RUNS_DIR + "/")}
+            missing = [k for k, f in zip(keys, files) if not os.path.exists(f)]
+            extra: list[str] = []
+            if missing and len({rid for rid, _ in pairs}) == 1 and any(t in TOGETHER for _, t in pairs):
+                rid = next(iter(pairs))[0]
+                for t, names in self._listed(self.root / layout.RUNS_DIR / rid).items():
+                    if t in TOGETHER and (rid, t) not in pairs:
+                        self._used[(rid, t)] = now  # kept up to date from now on, as a table read
+                        extra += [k for k in (f"{layout.RUNS_DIR}/{rid}/{t}/{n}" for n in sorted(names))
+                                  if not (self.root / k).exists()]
+            for k in pairs:
+                self._used[k] = now
             if missing:
-                self._fetch(missing)
-                self._evict(keep={(k.split("/")[1], k.split("/")[2]) for k in map(self.key_of, files)
-                                  if k.count("/") >= 3})
+                self._fetch(missing, optional=extra)
+                self._evict(keep=pairs)
 
-    def _fetch(self, keys: list[str]) -> None:
-        if not keys:
-            return
-        results = self.bucket.map(lambda k: (k, self.bucket.get(k)[0]), keys)
-        for key, data in results:
-            _write_bytes(self.root / key, data)
-            self.fetched_bytes += len(data)
-            parts = key.split("/")
-            if len(parts) >= 4 and parts[0] == layout.RUNS_DIR and key.endswith(".parquet"):
-                k = (parts[1], parts[2])
-                self._sizes[k] = self._sizes.get(k, 0) + len(data)
+    def _fetch(self, keys: list[str], optional: Sequence[str] = ()) -> None:
+        """GET `keys`, and the `optional` ones (skipped when gone from the bucket), in one round, into the mirror."""
+        skip = set(optional) - set(keys)
+
+        def get(key: str) -> bytes | None:
+            try:
+                return self.bucket.get(key)[0]
+            except FileNotFoundError:
+                if key in skip:
+                    return None
+                raise
+
+        todo = list(keys) + sorted(skip)
+        if todo:
+            for key, data in zip(todo, self.bucket.map(get, todo)):
+                if data is not None:
+                    self._store(key, data)
+
+    def _store(self, key: str, data: bytes) -> None:
+        _write_bytes(self.root / key, data)
+        self.fetched_bytes += len(data)
+        parts = key.split("/")
+        if len(parts) >= 4 and parts[0] == layout.RUNS_DIR and key.endswith(".parquet"):
+            k = (parts[1], parts[2])
+            self._sizes[k] = self._sizes.get(k, 0) + len(data)
 
     def _evict(self, keep: set[tuple[str, str]]) -> None:
         """Drop the least recently read (run, table) segments until the mirror is within max_bytes."""
