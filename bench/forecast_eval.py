@@ -168,8 +168,13 @@ def report(corpus: Path, write_models: bool) -> str:
             details.append("")
     took = time.perf_counter() - t0
     m = machine()
-    head = [f"Generated {dt.date.today().isoformat()} by `python -m bench.forecast_eval` on {m.get('cpu_model', '?')}, {m.get('cpus', '?')} CPUs "
-            f"({took:.0f} s).", ""]
+    head = ["# The collapse forecast on held-out runs", "",
+            f"Generated {dt.date.today().isoformat()} by `python -m bench.forecast_eval --write-models --out <this file>` on "
+            f"{m.get('cpu_model', '?')}, {m.get('cpus', '?')} CPUs ({took:.0f} s), from the step tables in "
+            "`bench/forecast_corpus/` (`python -m bench.forecast_corpus train --root R` then `export --root R`; "
+            "`check --root R` compares them with the stores). Labels, splits, metrics and targets were committed "
+            "before any fit: [forecast-preregistration.md](forecast-preregistration.md). The models are fitted on the "
+            "fit runs only and scored once; `--write-models` writes exactly the shipped files.", ""]
     return "\n".join(head + lines + table + [""] + details)
 
 

@@ -196,7 +196,7 @@ def test_auto_picks_the_env_model_and_a_bad_one_only_warns(fitted, tmp_path, mon
     assert res.forecast_model == "synthetic" and res.forecast == detect_run(df, None, model).forecast
     monkeypatch.setenv(MODEL_ENV, str(tmp_path / "missing.json"))
     det = OnlineDetector(None, "auto")
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="lld_monitor.detect.online"):  # (pages and CLIs quiet lld_monitor.detect)
         for rec in df.head(40).to_dict("records"):
             det.update(int(rec.pop("step")), rec)
     assert det.forecast_model is None and det.forecast == []
