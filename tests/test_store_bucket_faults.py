@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _net import free_port
+from test_backend_train import TINY  # the tiny training config of the backend tests
 
 from lld_monitor.store import open_store_reader
 from lld_monitor.store.bucket import Bucket
@@ -174,16 +175,6 @@ def test_two_ranks_under_torchrun_write_one_run_into_a_bucket(s3_store):
     assert steps.step.tolist() == list(range(5)) and (steps.n_samples == 6).all()
     keys = [o.key for o in Bucket(s3_store).list_all("runs/ddp-run")]
     assert {k.rsplit("/", 1)[-1] for k in keys if "manifest" in k} == {"manifest-r0.json", "manifest-r1.json"}
-
-
-TINY = {
-    "world": {"n_people": 200, "n_orgs": 40, "n_cities": 40, "n_countries": 10, "n_first_names": 20, "n_last_names": 20},
-    "model": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64},
-    "sft": {"steps": 40, "n_demos": 200, "batch_size": 16},
-    "grpo": {"prompts_per_step": 4, "group_size": 3, "num_minibatches": 2, "entropy_coef": 0.05},
-    "env": {"max_response_tokens": 60},
-    "log": {"token_groups": 2},
-}
 
 
 @pytest.mark.slow
