@@ -3,6 +3,7 @@
 import time
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from lld_monitor.ui import counterfactual_panel, figures, pairing, queries, widgets
 from lld_monitor.ui import phase_bands as ph
@@ -76,7 +77,10 @@ if widgets.require_run(ctx):
             st.rerun()  # the run ended: redraw the page once without the refresh timer
         if ov.detection.pending:  # the detector replays this run in the background: look again shortly
             time.sleep(PENDING_POLL_S)
-            st.rerun(scope="fragment")
+            try:
+                st.rerun(scope="fragment")
+            except StreamlitAPIException:  # a fragment-scoped rerun is refused during a full run of the page
+                st.rerun()
 
     def forecast_panel(ov, step_range) -> None:
         det = ov.detection
