@@ -3,7 +3,6 @@
 import time
 
 import streamlit as st
-from streamlit.errors import StreamlitAPIException
 
 from lld_monitor.ui import counterfactual_panel, figures, pairing, queries, widgets
 from lld_monitor.ui import phase_bands as ph
@@ -27,7 +26,10 @@ if widgets.require_run(ctx):
                                  "mode's colour (Compare runs has more).")
     live = run.get("status") == "running" or (overlay and twin_row is not None and twin_row["status"] == "running")
 
-    @st.fragment(run_every=widgets.REFRESH_S if live else None)
+    # a long run without stored detector state is replayed in the background: its fragment polls until that ends
+    replaying = widgets.tracker(ctx.store, ctx.run_id).replaying
+
+    @st.fragment(run_every=widgets.REFRESH_S if live else (PENDING_POLL_S if replaying else None))
     def live_panel() -> None:
         store, run_id = ctx.store, ctx.run_id
         if live:  # re-read the runs table on each tick (the sidebar's copy is from the last full run)
@@ -75,12 +77,11 @@ if widgets.require_run(ctx):
                     st.dataframe(alerts, hide_index=True, width="stretch")
         if live and ov.status != "running" and run.get("status") == "running":
             st.rerun()  # the run ended: redraw the page once without the refresh timer
-        if ov.detection.pending:  # the detector replays this run in the background: look again shortly
+        if ov.detection.pending and not replaying:  # the replay began in this run: once more, with the poll timer
             time.sleep(PENDING_POLL_S)
-            try:
-                st.rerun(scope="fragment")
-            except StreamlitAPIException:  # a fragment-scoped rerun is refused during a full run of the page
-                st.rerun()
+            st.rerun()
+        elif not ov.detection.pending and replaying and not live:
+            st.rerun()  # the replay is done: redraw the page once without the poll timer
 
     def forecast_panel(ov, step_range) -> None:
         det = ov.detection

@@ -189,6 +189,12 @@ class DetectionTracker:
         self._reset()
 
     @property
+    def replaying(self) -> bool:
+        """True while a background replay runs (a page polls on a timer until it ends)."""
+        job = self._job
+        return job is not None and job.is_alive()
+
+    @property
     def warm(self) -> bool:
         """True once it has seen steps (an update then only costs the new ones)."""
         return self._last is not None
