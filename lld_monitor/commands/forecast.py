@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 
+from lld_monitor.commands.detect import _num  # finite float or None, as `detect --json` writes it
 from lld_monitor.detect import detect_run, load_detector_config
-from lld_monitor.detect.forecast_model import HORIZON, INPUTS, ForecastModel
+from lld_monitor.detect.forecast_model import HORIZON, INPUTS, THRESHOLD, ForecastModel
 from lld_monitor.detect.offline import run_model
 from lld_monitor.store import default_store_path
 from lld_monitor.store.location import exists_locally
@@ -46,16 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fit.add_argument("--folds", type=int, default=5, help="fit: k of the k-fold by run (default 5)")
 
 
-def _p(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
 def run_record(run: dict, res, model: ForecastModel, steps: list[int]) -> dict:
-    """One entry of the `forecast --json` contract: every step of the run, p null where undefined."""
-    p = dict(res.forecast)
-    return {"name": run.get("name"), "horizon": model.horizon, "model": model.name,
-            "collapse_step": None if res.collapse_step is None else int(res.collapse_step),
-            "steps": [{"step": int(s), "p_collapse": _p(p.get(s))} for s in steps]}
+    """One entry of the `forecast --json` contract: every step of the run, p null where undefined (`res` None: a
+    run without steps)."""
+    p = dict(res.forecast) if res is not None else {}
+    collapse = None if res is None or res.collapse_step is None else int(res.collapse_step)
+    return {"name": run.get("name"), "horizon": model.horizon, "model": model.name, "collapse_step": collapse,
+            "steps": [{"step": int(s), "p_collapse": _num(p.get(s))} for s in steps]}
 
 
 def _model(path: str | None, signals) -> ForecastModel | None:
@@ -110,12 +107,7 @@ def forecast(args: argparse.Namespace) -> int:
                       f"{args.horizon}`", file=sys.stderr)
                 return 2
             res = detect_run(sig, cfg, model) if len(sig) else None
-            steps = [int(s) for s in sig["step"]] if len(sig) else []
-            if res is None:
-                records.append({"name": run.get("name"), "horizon": model.horizon, "model": model.name,
-                                "collapse_step": None, "steps": []})
-            else:
-                records.append(run_record(run, res, model, steps))
+            records.append(run_record(run, res, model, [int(s) for s in sig["step"]] if len(sig) else []))
     finally:
         reader.close()
     if args.json:
@@ -127,9 +119,9 @@ def forecast(args: argparse.Namespace) -> int:
         last = known[-1] if known else None
         cs = rec["collapse_step"]
         now = (f"p_collapse {last['p_collapse']:.2f} at step {last['step']}" if last else "no forecast yet")
-        first = next((s["step"] for s in known if s["p_collapse"] >= 0.5), None)
+        first = next((s["step"] for s in known if s["p_collapse"] >= THRESHOLD), None)
         print(f"{rec['name']}: {now} (within {rec['horizon']} steps, model {rec['model']}); "
-              f"first p >= 0.5: {first if first is not None else 'never'}; "
+              f"first p >= {THRESHOLD:g}: {first if first is not None else 'never'}; "
               f"reward collapse: {'step ' + str(cs) if cs is not None else 'none'}")
     return 0
 
