@@ -34,8 +34,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).with_name("forecast_corpus")
 CONFIGS: dict[str, tuple[Path, tuple[int, ...]]] = {
-    "spiral": (ROOT / "scripts" / "spiral_config.json", tuple(range(1, 11))),
-    "lowlr": (ROOT / "bench" / "forecast_configs" / "lowlr.json", tuple(range(1, 7))),
+    "spiral": (ROOT / "scripts" / "spiral_config.json", tuple(range(1, 17))),
+    "lowlr": (ROOT / "bench" / "forecast_configs" / "lowlr.json", tuple(range(1, 11))),
     "const7": (ROOT / "bench" / "forecast_configs" / "const7.json", tuple(range(1, 6))),
 }
 MODES = ("vanilla", "llds")
