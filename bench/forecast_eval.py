@@ -1,13 +1,19 @@
-"""The collapse forecast judged as pre-registered (docs/results/forecast-preregistration.md): both models fitted on
-the fit runs of the corpus (bench/forecast_corpus/), scored once on the held-out seeds and on the held-out config,
-against the constant and the phase-rule baselines.
+"""The collapse forecast judged as pre-registered (docs/results/forecast-preregistration.md), in two rounds, from the
+corpus's step tables (bench/forecast_corpus/):
 
-    .venv/bin/python -m bench.forecast_eval                      # print the tables (Markdown)
-    .venv/bin/python -m bench.forecast_eval --write-models       # also (re)write lld_monitor/detect/forecast_models/
-    .venv/bin/python -m bench.forecast_eval --out docs/results/forecast-evaluation-2026-12-07.md
+- round 1: both models fitted on the odd seeds of spiral 1-10 and lowlr 1-6, scored once on their even seeds and on
+  the held-out config const7. Its models are kept in bench/forecast_round1/; `--round 1` refits them and checks
+  that the fit gives the same models.
+- round 2 (the default): candidate models compared by 5-fold-by-run cross-validation on every run round 1 saw of
+  spiral and lowlr (32 runs); the one meeting the most targets in cross-validation (ties: the lower Brier) is
+  scored once on the fresh seeds (spiral 11-16, lowlr 7-10), beside round 1's model, and on const7.
 
-The shipped models are exactly what `--write-models` writes: the regularization is chosen by 5-fold-by-run Brier
-on the fit runs only; the reported runs never enter a fit. Runs on numpy and pandas; about a minute on 2 cores.
+    .venv/bin/python -m bench.forecast_eval                      # round 2: print the tables (Markdown)
+    .venv/bin/python -m bench.forecast_eval --write-models       # and ship its models if they beat round 1's
+    .venv/bin/python -m bench.forecast_eval --out docs/results/forecast-evaluation-round2-2026-12-07.md
+    .venv/bin/python -m bench.forecast_eval --round 1            # round 1 again (its models must come out equal)
+
+The reported runs never enter a fit or a choice. Runs on numpy and pandas; a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -30,19 +36,37 @@ from bench.forecast_corpus import OUT as CORPUS  # noqa: E402
 from bench.forecast_corpus import CorpusRun, load  # noqa: E402
 from lld_monitor.detect import forecast_fit as ff  # noqa: E402
 from lld_monitor.detect import load_detector_config  # noqa: E402
-from lld_monitor.detect.forecast_model import HORIZON, INPUTS, MODELS_DIR, THRESHOLD, ForecastModel  # noqa: E402
+from lld_monitor.detect.forecast_model import FEATURES, HORIZON, INPUTS, MODELS_DIR, THRESHOLD, ForecastModel  # noqa: E402
 
 log = logging.getLogger("bench.forecast_eval")
 
 FIT_CONFIGS = ("spiral", "lowlr")
 HELD_OUT_CONFIG = "const7"
+ROUND1_SEEDS = {"spiral": range(1, 11), "lowlr": range(1, 7)}
+"""The seeds of the fit configs that round 1 had, and so has seen; the later ones are round 2's fresh seeds."""
+ROUND1_MODELS = Path(__file__).with_name("forecast_round1")
+"""Round 1's models, as shipped at 5902375 (`--round 1` refits them and checks that it gets the same)."""
+ROUND1_FEATURES = tuple(f for f in FEATURES if f != "steps_to_line")
 FOLDS = 5
 COMMAND = "python -m bench.forecast_eval --write-models"
 
 
-def is_fit_run(run: CorpusRun) -> bool:
-    """The pre-registered split: odd seeds of the configs the model may see."""
-    return run.config in FIT_CONFIGS and run.seed % 2 == 1
+def seen_in_round1(run: CorpusRun) -> bool:
+    return run.config in FIT_CONFIGS and run.seed in ROUND1_SEEDS[run.config]
+
+
+def is_fit_run(run: CorpusRun, round_: int = 2) -> bool:
+    """The pre-registered fit runs: round 1, the odd seeds it had; round 2, every run round 1 saw."""
+    return seen_in_round1(run) and (round_ == 2 or run.seed % 2 == 1)
+
+
+def reported_splits(runs: list[CorpusRun], round_: int) -> list[tuple[str, list[CorpusRun]]]:
+    const7 = [r for r in runs if r.config == HELD_OUT_CONFIG]
+    if round_ == 1:
+        return [("held-out seeds", [r for r in runs if seen_in_round1(r) and r.seed % 2 == 0]),
+                (f"held-out config ({HELD_OUT_CONFIG})", const7)]
+    return [("fresh seeds", [r for r in runs if r.config in FIT_CONFIGS and not seen_in_round1(r)]),
+            (f"held-out config ({HELD_OUT_CONFIG}, seen in round 1)", const7)]
 
 
 @dataclass
@@ -71,16 +95,55 @@ def steps_of(runs: list[CorpusRun], inputs: str) -> list[ff.RunSteps]:
     return [ff.run_steps(r.name, r.signals, HORIZON, inputs, cfg) for r in runs]
 
 
-def fit_model(fit_runs: list[ff.RunSteps], inputs: str) -> tuple[ForecastModel, dict[float, float], ff.Scores]:
-    l2, cv = ff.choose_l2(fit_runs, inputs, HORIZON, FOLDS)
-    preds = ff.kfold_predictions(fit_runs, FOLDS, lambda rs: ff.fit(rs, "cv", inputs, HORIZON, l2))
-    cv_scores = ff.scores_of(fit_runs, preds)
-    model = ff.fit(fit_runs, inputs, inputs, HORIZON, l2, fitted={
-        "runs": [r.name for r in fit_runs], "command": COMMAND,
-        "corpus": "bench/forecast_corpus (docs/results/forecast-preregistration.md: odd seeds of spiral and lowlr)",
-        "cv": {"folds": FOLDS, "brier": cv_scores.brier, "ece": cv_scores.ece,
-               "l2_brier": {f"{k:g}": v for k, v in cv.items()}}})
-    return model, cv, cv_scores
+@dataclass
+class Candidate:
+    """A feature pool and a regularization, judged by k-fold-by-run cross-validation on the fit runs."""
+
+    features: str  # the pool's name
+    l2: float
+    scores: ff.Scores
+    constant: ff.Scores
+    met: int  # of the four targets (phase rule aside: it needs a second fit per fold)
+
+    def row(self) -> str:
+        s = self.scores
+        fa = sum(v >= THRESHOLD for v in s.max_p_no_collapse.values())
+        return (f"| {self.features} | {self.l2:g} | {s.brier:.4f} | {s.brier / self.constant.brier:.2f} | "
+                f"{s.ece:.3f} | {_lead(s.median_lead)} | {fa} of {len(s.max_p_no_collapse)} | {self.met} |")
+
+
+POOLS = {"round-1 features": ROUND1_FEATURES, "round-1 features + steps_to_line": FEATURES}
+
+
+def cross_validate(fit_runs: list[ff.RunSteps], inputs: str, pool: str, l2: float) -> Candidate:
+    preds = ff.kfold_predictions(fit_runs, FOLDS, lambda rs: ff.fit(rs, "cv", inputs, HORIZON, l2, POOLS[pool]))
+    sc = ff.scores_of(fit_runs, preds)
+    const = ff.scores_of(fit_runs, ff.constant_baseline(fit_runs, sc.base_rate))
+    healthy = max(sc.max_p_no_collapse.values(), default=0.0)
+    met = sum([sc.brier <= 0.7 * const.brier, sc.ece <= 0.1,
+               sc.median_lead is not None and sc.median_lead >= 25, healthy < THRESHOLD])
+    return Candidate(pool, l2, sc, const, met)
+
+
+def fit_model(fit_runs: list[ff.RunSteps], inputs: str, round_: int
+              ) -> tuple[ForecastModel, list[Candidate], Candidate]:
+    """Round 1: its feature pool, the regularization by cross-validated Brier. Round 2: every pool and
+    regularization; for the all-signals model the most targets met in cross-validation, ties to the lower Brier;
+    for the scalars model (the targets are not its) the lower Brier, as in round 1."""
+    pools = ["round-1 features"] if round_ == 1 else list(POOLS)
+    cands = [cross_validate(fit_runs, inputs, pool, l2) for pool in pools for l2 in ff.L2_CHOICES]
+    if round_ == 1 or inputs == "scalars":
+        best = min(cands, key=lambda c: (c.scores.brier, c.l2))
+    else:
+        best = min(cands, key=lambda c: (-c.met, c.scores.brier, c.l2))
+    model = ff.fit(fit_runs, inputs, inputs, HORIZON, best.l2, POOLS[best.features], fitted={
+        "runs": [r.name for r in fit_runs], "command": COMMAND if round_ == 2 else COMMAND + " --round 1",
+        "corpus": "bench/forecast_corpus (docs/results/forecast-preregistration.md: "
+                  + ("odd seeds of spiral and lowlr)" if round_ == 1 else "round 2: spiral seeds 1-10, lowlr 1-6)"),
+        "cv": {"folds": FOLDS, "brier": best.scores.brier, "ece": best.scores.ece,
+               **({"l2_brier": {f"{c.l2:g}": c.scores.brier for c in cands}} if round_ == 1 else
+                  {"features": best.features, "targets_met": best.met})}})
+    return model, cands, best
 
 
 def judge(model: ForecastModel, fit_runs: list[ff.RunSteps], runs: list[ff.RunSteps], split: str) -> Judged:
@@ -119,62 +182,86 @@ def cost_per_step(runs: list[CorpusRun], model: ForecastModel, reps: int = 5) ->
     return float(np.median(with_f)) - base, base
 
 
-def report(corpus: Path, write_models: bool) -> str:
+def _judged_lines(j: Judged, inputs: str, label: str) -> list[str]:
+    lowest = {r.name: float(r.frame["reward_vs_peak"].min()) for r in j.runs if r.collapse_step is None}
+    lines = [f"**{label}, {j.split}**: " + "; ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in targets(j))
+             + ("" if inputs == "all" else " (targets are for the all-signals model; reported only)"), "",
+             "Leads (collapse step − first step with p ≥ 0.5): " + ", ".join(
+                 f"{k} {v if v is not None else 'missed'}" for k, v in j.model.leads.items()) + ".",
+             "Highest p of runs that never collapse (and their lowest smoothed reward / running peak): " + ", ".join(
+                 f"{k} {v:.2f} ({lowest[k]:.2f})" for k, v in j.model.max_p_no_collapse.items()) + ".", "",
+             "Reliability (bins of p):", "", "| p | n | mean p | observed rate |", "|---|---|---|---|"]
+    lines += [f"| {b.lo:.1f}-{b.hi:.1f} | {b.n} | {b.mean_p:.3f} | {b.rate:.3f} |"
+              for b in j.model.reliability.itertuples() if b.n]
+    return lines + [""]
+
+
+def report(corpus: Path, write_models: bool, round_: int = 2) -> str:
     t0 = time.perf_counter()
     runs = load(corpus)
-    fit_runs = [r for r in runs if is_fit_run(r)]
-    seeds_out = [r for r in runs if r.config in FIT_CONFIGS and not is_fit_run(r)]
-    config_out = [r for r in runs if r.config == HELD_OUT_CONFIG]
+    fit_runs = [r for r in runs if is_fit_run(r, round_)]
+    splits = reported_splits(runs, round_)
     lines = [f"Corpus: {len(runs)} runs ({corpus.relative_to(Path.cwd()) if corpus.is_relative_to(Path.cwd()) else corpus}); "
-             f"fit on {len(fit_runs)} (odd seeds of {', '.join(FIT_CONFIGS)}), reported on {len(seeds_out)} held-out "
-             f"seeds and {len(config_out)} runs of the held-out config {HELD_OUT_CONFIG}. Horizon H = {HORIZON}.", ""]
+             f"round {round_} fits on {len(fit_runs)} ("
+             + ("odd seeds of spiral 1-10 and lowlr 1-6" if round_ == 1 else "spiral seeds 1-10, lowlr 1-6")
+             + "), reports on " + " and ".join(f"{len(sel)} runs of the {name}" for name, sel in splits)
+             + f". Horizon H = {HORIZON}.", ""]
     table = ["| model | reported on | runs | labelled steps | base rate | Brier | constant | ratio | phase rule | ECE | "
              "median lead | missed | highest p, no collapse |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     details: list[str] = []
     for inputs in INPUTS:
         fit_steps = steps_of(fit_runs, inputs)
-        model, cv, cv_scores = fit_model(fit_steps, inputs)
+        model, cands, best = fit_model(fit_steps, inputs, round_)
+        round1 = ForecastModel.load(ROUND1_MODELS / f"{inputs}.json")
         if inputs == "all":
-            added, base = cost_per_step(fit_runs[:6], model)
+            added, base = cost_per_step([r for r in fit_runs][:6], model)
             lines += [f"Cost: the forecast adds {added:.3f} ms per step to the online detector ({base:.3f} ms per step "
                       "without it; medians of 5 replays of 6 runs, interleaved).", ""]
-        if write_models:
-            MODELS_DIR.mkdir(exist_ok=True)
-            (MODELS_DIR / f"{inputs}.json").write_text(model.to_json(), encoding="utf-8")
-        details += [f"### {inputs} (`lld_monitor/detect/forecast_models/{inputs}.json`, fingerprint "
-                    f"`{model.fingerprint}`)", "",
-                    f"Features ({len(model.features)}): {', '.join(model.features)}.",
-                    "Regularization by 5-fold-by-run Brier on the fit runs: "
-                    + ", ".join(f"l2={k:g}: {v:.4f}" for k, v in cv.items())
-                    + f" -> **{model.fitted['l2']:g}** (cross-validated Brier {cv_scores.brier:.4f}, ECE "
-                      f"{cv_scores.ece:.3f}).", ""]
-        for split, sel in (("held-out seeds", seeds_out), (f"held-out config ({HELD_OUT_CONFIG})", config_out)):
+        details += [f"### {inputs} (fingerprint `{model.fingerprint}`)", "",
+                    f"Features ({len(model.features)}): {', '.join(model.features)}.", "",
+                    f"Candidates, {FOLDS}-fold-by-run cross-validation on the fit runs"
+                    + (" (the lower Brier chosen):" if round_ == 1 or inputs == "scalars" else
+                       " (the most targets met chosen, ties to the lower Brier):"), "",
+                    "| features | l2 | Brier | ratio to constant | ECE | median lead | runs without collapse at p ≥ 0.5 "
+                    "| targets met |", "|---|---|---|---|---|---|---|---|",
+                    *(c.row() for c in cands), "",
+                    f"Chosen: {best.features}, l2 = {best.l2:g}.", ""]
+        if round_ == 1:
+            details += [f"Same model as round 1's file (bench/forecast_round1/{inputs}.json): "
+                        f"{'yes' if model.fingerprint == round1.fingerprint else 'NO'}.", ""]
+        judged = {}
+        for split, sel in splits:
             if not sel:
                 continue
-            j = judge(model, fit_steps, steps_of(sel, inputs), split)
-            table.append(j.row(inputs))
-            checks = targets(j)
-            details += [f"**{inputs}, {split}**: " + "; ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in checks)
-                        + ("" if inputs == "all" else " (targets are for the all-signals model; reported only)"), "",
-                        "Leads (collapse step − first step with p ≥ 0.5): " + ", ".join(
-                            f"{k} {v if v is not None else 'missed'}" for k, v in j.model.leads.items()) + ".",
-                        "Highest p of runs that never collapse: " + ", ".join(
-                            f"{k} {v:.2f}" for k, v in j.model.max_p_no_collapse.items()) + ".", "",
-                        "Reliability (bins of p):", "", "| p | n | mean p | observed rate |", "|---|---|---|---|"]
-            for b in j.model.reliability.itertuples():
-                if b.n:
-                    details.append(f"| {b.lo:.1f}-{b.hi:.1f} | {b.n} | {b.mean_p:.3f} | {b.rate:.3f} |")
-            details.append("")
+            steps = steps_of(sel, inputs)
+            j = judge(model, fit_steps, steps, split)
+            judged[split] = j
+            table.append(j.row(f"{inputs}, round {round_}"))
+            details += _judged_lines(j, inputs, f"{inputs}, round {round_}")
+            if round_ == 2 and split == "fresh seeds":
+                j1 = judge(round1, fit_steps, steps, split)
+                judged["round 1"] = j1
+                table.append(j1.row(f"{inputs}, round 1 (shipped at 5902375)"))
+                details += _judged_lines(j1, inputs, f"{inputs}, round 1's model")
+        if round_ == 2 and "round 1" in judged:
+            new, old = judged["fresh seeds"].model.brier, judged["round 1"].model.brier
+            ship = new < old
+            details += [f"Ship rule ({inputs}): Brier on the fresh seeds {new:.4f} (round 2) vs {old:.4f} (round 1): "
+                        + ("round 2's model is shipped." if ship else "round 1's model stays shipped."), ""]
+            if write_models and ship:
+                MODELS_DIR.mkdir(exist_ok=True)
+                (MODELS_DIR / f"{inputs}.json").write_text(model.to_json(), encoding="utf-8")
     took = time.perf_counter() - t0
     m = machine()
-    head = ["# The collapse forecast on held-out runs", "",
-            f"Generated {dt.date.today().isoformat()} by `python -m bench.forecast_eval --write-models --out <this file>` on "
+    cmd = COMMAND + (" --round 1" if round_ == 1 else "")
+    head = [f"# The collapse forecast on held-out runs, round {round_}", "",
+            f"Generated {dt.date.today().isoformat()} by `{cmd} --out <this file>` on "
             f"{m.get('cpu_model', '?')}, {m.get('cpus', '?')} CPUs ({took:.0f} s), from the step tables in "
             "`bench/forecast_corpus/` (`python -m bench.forecast_corpus train --root R` then `export --root R`; "
             "`check --root R` compares them with the stores). Labels, splits, metrics and targets were committed "
             "before any fit: [forecast-preregistration.md](forecast-preregistration.md). The models are fitted on the "
-            "fit runs only and scored once; `--write-models` writes exactly the shipped files.", ""]
+            "fit runs only and the reported runs are scored once.", ""]
     return "\n".join(head + lines + table + [""] + details)
 
 
@@ -235,9 +322,12 @@ def wandb_check(corpus: Path, names: list[str], work: Path) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, default=CORPUS, help="folder of the corpus's step tables")
-    ap.add_argument("--write-models", action="store_true", help="write the two fitted models into the package")
+    ap.add_argument("--round", type=int, choices=(1, 2), default=2, dest="round_",
+                    help="1: round 1 again (its models must come out equal); 2: round 2 (default)")
+    ap.add_argument("--write-models", action="store_true",
+                    help="round 2: write each fitted model into the package if it beats round 1's on the fresh seeds")
     ap.add_argument("--out", type=Path, help="also write the Markdown here")
-    ap.add_argument("--wandb", default="spiral-vanilla-seed2,spiral-llds-seed2,lowlr-vanilla-seed2",
+    ap.add_argument("--wandb", default=None,
                     help="held-out runs checked as W&B imports ('' to skip)")
     ap.add_argument("--write-wandb", nargs=2, help=argparse.SUPPRESS)
     if "--write-wandb" in sys.argv:
@@ -246,7 +336,12 @@ def main() -> int:
         return 0
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    text = report(args.corpus.resolve(), args.write_models)
+    if args.write_models and args.round_ == 1:
+        ap.error("--write-models is for round 2 (round 1's models are kept in bench/forecast_round1/)")
+    if args.wandb is None:
+        args.wandb = ("spiral-vanilla-seed2,spiral-llds-seed2,lowlr-vanilla-seed2" if args.round_ == 1 else
+                      "spiral-vanilla-seed12,spiral-llds-seed12,lowlr-vanilla-seed8")
+    text = report(args.corpus.resolve(), args.write_models, args.round_)
     if args.wandb:
         import tempfile
 

@@ -80,6 +80,22 @@ def test_probability_by_hand():
     assert m.probability({"ll_z": 1e6}) == 0.0  # no overflow far out
 
 
+def test_steps_to_line_by_hand():
+    """The steps until the smoothed reward (10-point mean) reaches 0.5 x its peak at its 20-point trend."""
+    from lld_monitor.detect.forecast_model import LINE_MAX_STEPS, detector_features
+
+    det = OnlineDetector(load_detector_config(None), None)
+    reward = [1.0] * 40 + [1.0 - 0.01 * k for k in range(1, 41)]  # flat, then down 0.01 a step
+    got = {}
+    for step, r in enumerate(reward):
+        det.update(step, {"reward_mean": r})
+        got[step] = detector_features(det)["steps_to_line"]
+    assert got[20] == pytest.approx(math.log1p(LINE_MAX_STEPS))  # flat: not falling
+    # step 79: the last 20 points fall 0.01 a step exactly; smoothed = mean(0.69 ... 0.60) = 0.645, peak 1.0
+    assert got[79] == pytest.approx(math.log1p((0.645 - 0.5) / 0.01), rel=1e-9)
+    assert got[59] == pytest.approx(math.log1p((0.845 - 0.5) / 0.01), rel=1e-9)
+
+
 def test_fit_logistic_meets_its_optimality_conditions():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 3))

@@ -116,13 +116,12 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, iters: int = 50) -> tu
 
 
 def fit(runs: Sequence[RunSteps], name: str, inputs: str, horizon: int, l2: float,
-        features: Sequence[str] | None = None, fitted: dict | None = None) -> ForecastModel:
-    """A ForecastModel fitted on the labelled steps of `runs` (features: those known on enough rows)."""
+        features: Sequence[str] = FEATURES, fitted: dict | None = None) -> ForecastModel:
+    """A ForecastModel fitted on the labelled steps of `runs`, on those of `features` known on enough rows."""
     frames = [r.frame[r.frame["y"].notna()] for r in runs]
     table = pd.concat(frames) if frames else pd.DataFrame(columns=[*FEATURES, "y"])
-    if features is None:
-        known = table[list(FEATURES)].notna().mean()
-        features = [f for f in FEATURES if known[f] >= MIN_FEATURE_COVERAGE]
+    known = table[list(features)].notna().mean()
+    features = [f for f in features if known[f] >= MIN_FEATURE_COVERAGE]
     vals = table[list(features)].to_numpy(dtype=float)
     with np.errstate(all="ignore"):
         mean = np.nan_to_num(np.nanmean(vals, axis=0)) if len(vals) else np.zeros(len(features))
@@ -153,11 +152,12 @@ def kfold_predictions(runs: Sequence[RunSteps], k: int, fit_one) -> list[np.ndar
     return out
 
 
-def choose_l2(runs: Sequence[RunSteps], inputs: str, horizon: int, k: int = 5) -> tuple[float, dict[float, float]]:
+def choose_l2(runs: Sequence[RunSteps], inputs: str, horizon: int, k: int = 5, features: Sequence[str] = FEATURES
+              ) -> tuple[float, dict[float, float]]:
     """The regularization with the lowest k-fold (by run) Brier score on `runs`, and every choice's score."""
     scores = {}
     for l2 in L2_CHOICES:
-        preds = kfold_predictions(runs, k, lambda rs, l2=l2: fit(rs, "cv", inputs, horizon, l2))
+        preds = kfold_predictions(runs, k, lambda rs, l2=l2: fit(rs, "cv", inputs, horizon, l2, features))
         scores[l2] = scores_of(runs, preds).brier
     return min(scores, key=lambda v: (scores[v], v)), scores
 

@@ -2,11 +2,11 @@
 definition, `detect.reward_collapse_step`) in steps t+1 ... t+H, from the signals logged up to t.
 
 It is a logistic model over what the online detector holds after its update at step t (`detector_features`):
-the reward against its running peak and its trend, the correct-response likelihood's trend z-score and its drop
-below its peak, the share and mean of the displacement of preserved responses, how far entropy, grad norm, the
-PPO KL and the clip fraction stand above their baselines, the phase and how long it has lasted. So the forecast
-is computed online, step by step, inside `OnlineDetector` (its checkpoints carry it; online == offline), costs a
-few hundred microseconds a step, and needs numpy only.
+the reward against its running peak, its trend and the steps until that trend reaches the collapse line, the
+correct-response likelihood's trend z-score and its drop below its peak, the share and mean of the displacement of
+preserved responses, how far entropy, grad norm, the PPO KL and the clip fraction stand above their baselines,
+the phase and how long it has lasted. So the forecast is computed online, step by step, inside `OnlineDetector`
+(its checkpoints carry it; online == offline), costs a few hundred microseconds a step, and needs numpy only.
 
 A model is a small JSON file (`ForecastModel`): the features, their standardization, the coefficients, the
 horizon, which columns it is meant to see (`inputs`: "all", or "scalars" = what verl and TRL log by default
@@ -62,9 +62,13 @@ _STORE_COLUMNS = frozenset(sig.name for sig in registry.SIGNALS if sig.stored)
 FEATURES: tuple[str, ...] = (
     "reward_vs_peak", "reward_z", "ll_z", "ll_drop", "disp_neg_share", "disp_mean",
     "entropy_surge", "grad_norm_surge", "ppo_kl_surge", "clip_frac_surge",
-    "phase_stagnation", "phase_decay", "phase_acceleration", "phase_age",
+    "phase_stagnation", "phase_decay", "phase_acceleration", "phase_age", "steps_to_line",
 )
 """What `detector_features` computes (a model uses all of them or a subset)."""
+LINE_WINDOW = 20
+"""Reward points whose trend `steps_to_line` extrapolates to the collapse line."""
+LINE_MAX_STEPS = 500.0
+"""`steps_to_line` when the reward is not falling (log1p of it: the feature's ceiling)."""
 
 
 def scalar_columns(columns: Iterable[str]) -> list[str]:
@@ -94,6 +98,14 @@ def detector_features(det: Any) -> dict[str, float]:
         x, y = rtr.last(int(c.trend_window))
         if x.size >= c.trend_min_points and np.ptp(x) > 0:
             f["reward_z"] = _clip(theil_sen(x, y, sigma_floor=1e-6).z, -10.0, 10.0)
+    if (rtr.source is not None and len(rtr.values) >= LINE_WINDOW // 2 and math.isfinite(rc.smoothed)
+            and rc.peak >= c.collapse_min_peak):
+        # steps until the smoothed reward reaches the collapse line (collapse_frac x its peak) at its recent trend
+        x, y = rtr.last(LINE_WINDOW)
+        if np.ptp(x) > 0:
+            slope = theil_sen(x, y, sigma_floor=1e-6).slope
+            gap = rc.smoothed - c.collapse_frac * rc.peak
+            f["steps_to_line"] = math.log1p(_clip(gap / -slope if slope < 0 else LINE_MAX_STEPS, 0.0, LINE_MAX_STEPS))
     llt = det._ll_trend()
     if llt is not None:
         _, t, drop, _ = llt
