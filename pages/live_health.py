@@ -66,7 +66,8 @@ if widgets.require_run(ctx):
                                              step_range=step_range)
             widgets.plotly(fig, key="live_fig")
             st.caption(figures.live_legend_caption(ov.bands, hidden))
-            forecast_panel(ov, step_range)
+            steps = ov.signals["step"]  # the forecast chart spans the signals chart's steps
+            forecast_panel(ov, step_range or ((float(steps.min()), float(steps.max())) if len(steps) else None))
             name = widgets.safe_name(ov.run.get("name") or run_id)
             st.download_button("Download the signals (CSV)", lambda: queries.to_csv_bytes(ov.signals),
                                file_name=f"{name}_signals.csv", mime="text/csv", key="live_csv", on_click="ignore",

@@ -172,6 +172,22 @@ def test_live_figure_has_bands_and_alerts_on_every_panel():
     assert figures.live_health_figure(pd.DataFrame(), None, None).layout.annotations[0].text == "No steps logged yet."
 
 
+def test_forecast_chart_lines_up_with_the_signals_chart():
+    """Live health's forecast chart sits under the signals chart: the same side margins, the whole width for the
+    plot in both (make_subplots' right-axis gap removed), and the same steps on the x axis."""
+    df = _signals()
+    bands = pd.DataFrame({"phase": ["healthy", "decay"], "start": [0, 20], "end": [20, 49]})
+    live = figures.live_health_figure(df, bands, None, smoothing=0.5)
+    forecast = pd.DataFrame({"step": np.arange(40), "p_collapse": np.linspace(0, 0.9, 40)})
+    fc = figures.forecast_figure(forecast, bands, collapse_step=40, step_range=(0.0, 49.0))
+    for f in (live, fc):
+        assert (f.layout.margin.l, f.layout.margin.r) == (60, 50)
+        assert all(ax.automargin is False for ax in f.select_yaxes())
+        assert all(tuple(ax.domain or (0, 1)) == (0.0, 1.0) for ax in f.select_xaxes())
+    assert live.layout.xaxis.autorangeoptions.minallowed == fc.layout.xaxis.range[0] == -0.5
+    assert live.layout.xaxis.autorangeoptions.maxallowed == fc.layout.xaxis.range[1] == 49.5
+
+
 def test_one_step_run_draws_markers():
     fig = figures.live_health_figure(_signals(1), None, None, smoothing=0.9)
     assert fig.data and all(t.mode == "lines+markers" for t in fig.data)

@@ -26,6 +26,9 @@ DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 SEVERITY_ORDER = ("critical", "warning", "info")
 RAW_OPACITY = 0.25
 LEGEND_ENTRY_PX = 235  # fixed legend entry width: entries line up in columns  # the raw trace behind a smoothed line (W&B / TensorBoard convention)
+LIVE_SIDE_MARGINS = dict(l=60, r=50)
+"""Left and right margins (px, not grown by Plotly's automargin) of Live health's signals and forecast charts, so
+that a step sits at the same x in both."""
 
 
 def run_styles(modes: list[str | None]) -> list[tuple[str, str]]:
@@ -403,9 +406,13 @@ def live_health_figure(
     n_entries = sum(1 for t in fig.data if t.showlegend is not False)
     top = 55 + 21 * -(-n_entries // 2)
     plot_h = height_per_panel * len(panels) + 20
+    # fixed side margins and the whole width (make_subplots keeps 6 % for right axes; their ticks fit the margin):
+    # the forecast chart below lines up step for step
+    fig.update_yaxes(automargin=False)
+    fig.update_xaxes(domain=[0.0, 1.0])
     fig.update_layout(
         height=plot_h + top + 40, hovermode="x unified",
-        margin=dict(l=60, r=50, t=top, b=40),
+        margin=dict(**LIVE_SIDE_MARGINS, t=top, b=40),
         legend=dict(orientation="h", y=1.0 + 26 / plot_h, x=0, yanchor="bottom", traceorder="normal", font=dict(size=12),
                     itemsizing="constant", entrywidth=LEGEND_ENTRY_PX, tracegroupgap=0, bgcolor="rgba(0,0,0,0)"),
     )
@@ -588,7 +595,8 @@ def forecast_figure(forecast: pd.DataFrame | None, bands: pd.DataFrame | None = 
                     max_points: int = MAX_POINTS, height: int = 240) -> go.Figure:
     """p_collapse (the chance the reward collapses within the next `horizon` steps) over the run's steps, on the
     phase bands, with the alert threshold and the reward collapse marked. `forecast`: columns step, p_collapse
-    (defined before the collapse only)."""
+    (defined before the collapse only). `step_range`: the steps shown (Live health passes the signals chart's, the
+    whole run when it is not zoomed, so that both charts span the same steps)."""
     if forecast is None or forecast.empty:
         return empty_figure("No collapse forecast for this run (no model, or too few steps yet).", height=height)
     f = forecast.sort_values("step")
@@ -622,8 +630,8 @@ def forecast_figure(forecast: pd.DataFrame | None, bands: pd.DataFrame | None = 
                       annotation_font=dict(size=11, color=PHASE_SOLID[COLLAPSE]))
     title = f"Collapse forecast: p(reward collapses {within})" + (f" · model {model}" if model else "")
     fig.update_layout(height=height, title=dict(text=title, font=dict(size=14)), showlegend=False,
-                      margin=dict(l=60, r=20, t=40, b=40), xaxis_title="step", hovermode="x")
-    fig.update_yaxes(range=[-0.02, 1.02], title_text="p", tickformat=".1f")
+                      margin=dict(**LIVE_SIDE_MARGINS, t=40, b=40), xaxis_title="step", hovermode="x")
+    fig.update_yaxes(range=[-0.02, 1.02], tickformat=".1f", automargin=False)
     if step_range is not None:
         fig.update_xaxes(range=[step_range[0] - 0.5, step_range[1] + 0.5])
     return fig
