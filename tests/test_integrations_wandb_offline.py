@@ -360,6 +360,31 @@ def test_detector_runs_on_imported_run(imported, capsys):
     assert out  # the detect command reads the imported run like a local one
 
 
+def test_forecast_on_imported_runs(imported, capsys):
+    """The collapse forecast on these W&B runs: `forecast --json` gives each one the scalars model (verl and TRL
+    log no displacement of preserved responses), a p in [0, 1] at its steps (none for a run that logs nothing the detector reads),
+    and the very p that the detector state stored at import time restores without replaying a row."""
+    from lld_monitor.cli import main
+    from lld_monitor.detect.checkpoint import detect_resumed
+
+    store, results, reader = imported
+    capsys.readouterr()
+    assert main(["forecast", "--store", str(store), "--json"]) == 0
+    out = {r["name"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert set(out) == set(results)
+    for name, res in results.items():
+        rec = out[name]
+        det, replayed = detect_resumed(reader.signals(res.run_id), lambda rid=res.run_id: reader.detector_state(rid))
+        assert replayed == 0, name
+        assert rec["model"] == det.forecast_model.name == "scalars", name
+        got = {s["step"]: s["p_collapse"] for s in rec["steps"] if s["p_collapse"] is not None}
+        assert got == dict(det.forecast), name
+        if name in ("nocfg", "verl_sum"):  # custom keys only / pg and kl loss only: nothing the detector reads
+            assert not got and rec["steps"], name
+        else:
+            assert got and all(0.0 <= v <= 1.0 for v in got.values()), name
+
+
 # ------------------------------------------------------------------- damaged / in-progress files
 
 
