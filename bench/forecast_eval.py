@@ -215,7 +215,7 @@ def report(corpus: Path, write_models: bool, round_: int = 2) -> str:
         model, cands, best = fit_model(fit_steps, inputs, round_)
         round1 = ForecastModel.load(ROUND1_MODELS / f"{inputs}.json")
         if inputs == "all":
-            added, base = cost_per_step([r for r in fit_runs][:6], model)
+            added, base = cost_per_step(fit_runs[:6], model)
             lines += [f"Cost: the forecast adds {added:.3f} ms per step to the online detector ({base:.3f} ms per step "
                       "without it; medians of 5 replays of 6 runs, interleaved).", ""]
         details += [f"### {inputs} (fingerprint `{model.fingerprint}`)", "",
