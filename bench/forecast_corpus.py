@@ -1,20 +1,20 @@
-"""The corpus the collapse forecast is fitted and judged on: 62 runs of the built-in trainer over three configs,
+"""The corpus the collapse forecast is fitted and judged on: 54 runs of the built-in trainer over three configs,
 made by one command, kept as step tables (signals only) so that evaluation reruns without training.
 
-    .venv/bin/python -m bench.forecast_corpus train --root /work/exp/corpus          # ~3 h on 2 cores (62 runs)
+    .venv/bin/python -m bench.forecast_corpus train --root /work/exp/corpus          # ~3 h on 2 cores (54 runs)
     .venv/bin/python -m bench.forecast_corpus export --root /work/exp/corpus          # -> bench/forecast_corpus/
     .venv/bin/python -m bench.forecast_corpus check --root /work/exp/corpus           # stored tables == the stores?
 
 | config | file | seeds × modes | what it is |
 |---|---|---|---|
-| spiral | scripts/spiral_config.json | 1-16 × {vanilla, llds} | the demo's config: vanilla collapses on every seed |
-| lowlr | bench/forecast_configs/lowlr.json | 1-10 × {vanilla, llds} | the same world, lr warmed up to 5e-4 and held: vanilla rarely collapses |
+| spiral | scripts/spiral_config.json | 1-14 × {vanilla, llds} | the demo's config: vanilla collapses on every seed |
+| lowlr | bench/forecast_configs/lowlr.json | 1-8 × {vanilla, llds} | the same world, lr warmed up to 5e-4 and held: vanilla rarely collapses |
 | const7 | bench/forecast_configs/const7.json | 1-5 × {vanilla, llds} | lr warmed up to 7e-4 and held: never used for fitting |
 
 Each run is `lld-monitor train` with pinned numerics (`scripts/run_spiral_experiment.py`, two at a time), so the
 same command gives the same runs on any x86-64 CPU with AVX2 and FMA. `export` writes one zstd Parquet file per
 run (`<config>-<mode>-seed<S>.parquet`): the run's signals as the detector reads them (`StoreReader.signals`:
-the step row and every metric), wall-clock columns left out. Spiral seeds 11-16 and lowlr seeds 7-10 are the
+the step row and every metric), wall-clock columns left out. Spiral seeds 11-14 and lowlr seeds 7-8 are the
 forecast's round-2 fresh seeds (docs/results/forecast-preregistration.md), trained after round 1 was scored.
 
 The committed tables of spiral seeds 2-10 were exported from the stores of docs/results/spiral-10-seeds-2026-12-07.md
@@ -35,8 +35,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).with_name("forecast_corpus")
 CONFIGS: dict[str, tuple[Path, tuple[int, ...]]] = {
-    "spiral": (ROOT / "scripts" / "spiral_config.json", tuple(range(1, 17))),
-    "lowlr": (ROOT / "bench" / "forecast_configs" / "lowlr.json", tuple(range(1, 11))),
+    "spiral": (ROOT / "scripts" / "spiral_config.json", tuple(range(1, 15))),
+    "lowlr": (ROOT / "bench" / "forecast_configs" / "lowlr.json", tuple(range(1, 9))),
     "const7": (ROOT / "bench" / "forecast_configs" / "const7.json", tuple(range(1, 6))),
 }
 MODES = ("vanilla", "llds")

@@ -6,7 +6,7 @@ corpus's step tables (bench/forecast_corpus/):
   that the fit gives the same models.
 - round 2 (the default): candidate models compared by 5-fold-by-run cross-validation on every run round 1 saw of
   spiral and lowlr (32 runs); the one meeting the most targets in cross-validation (ties: the lower Brier) is
-  scored once on the fresh seeds (spiral 11-16, lowlr 7-10), beside round 1's model, and on const7.
+  scored once on the fresh seeds (spiral 11-14, lowlr 7-8), beside round 1's model, and on const7.
 
     .venv/bin/python -m bench.forecast_eval                      # round 2: print the tables (Markdown)
     .venv/bin/python -m bench.forecast_eval --write-models       # and ship its models if they beat round 1's
