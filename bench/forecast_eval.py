@@ -5,8 +5,9 @@ corpus's step tables (bench/forecast_corpus/):
   the held-out config const7. Its models are kept in bench/forecast_round1/; `--round 1` refits them and checks
   that the fit gives the same models.
 - round 2 (the default): candidate models compared by 5-fold-by-run cross-validation on every run round 1 saw of
-  spiral and lowlr (32 runs); the one meeting the most targets in cross-validation (ties: the lower Brier) is
-  scored once on the fresh seeds (spiral 11-14, lowlr 7-8), beside round 1's model, and on const7.
+  spiral and lowlr (32 runs); the all-signals one meeting the most targets in cross-validation (ties: the lower
+  Brier; the scalars one: the lower Brier) is scored once on the fresh seeds (spiral 11-14, lowlr 7-8), beside
+  round 1's model, and on const7.
 
     .venv/bin/python -m bench.forecast_eval                      # round 2: print the tables (Markdown)
     .venv/bin/python -m bench.forecast_eval --write-models       # and ship its models if they beat round 1's
