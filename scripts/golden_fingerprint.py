@@ -43,26 +43,38 @@ def config_digest(config: Path) -> str:
     return hashlib.sha256(config.read_bytes()).hexdigest()
 
 
-def train_and_hash(store: Path, config: Path, seed: int, steps: int = STEPS) -> dict[str, tuple[str, dict]]:
-    """Train each mode for `steps` steps (side by side, as the demo starts them); per mode, its run's
-    fingerprint and per-step digests."""
+def train_runs(store: Path, config: Path, seed: int, steps: int | None = STEPS) -> None:
+    """Train each mode for `steps` steps (None: the config's), side by side, as the demo starts them."""
     sys.path.insert(0, str(ROOT))
     from lld_monitor.commands.demo import trainer_command
-    from lld_monitor.store import open_store_reader
-    from lld_monitor.store.compare import run_fingerprint, step_digests
 
     procs = {m: subprocess.Popen(trainer_command(m, store, steps, seed, str(config)), cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for m in MODES}
     for m, p in procs.items():
-        _, err = p.communicate(timeout=1800)
+        _, err = p.communicate(timeout=3600)
         if p.returncode != 0:
             raise RuntimeError(f"training the {m} run failed:\n{err[-3000:]}")
+
+
+def hash_runs(store: Path, steps: int = STEPS) -> dict[str, tuple[str, dict]]:
+    """Per mode: the fingerprint and per-step digests of its run's first `steps` steps (the runs may be longer)."""
+    sys.path.insert(0, str(ROOT))
+    from lld_monitor.store import open_store_reader
+    from lld_monitor.store.compare import run_fingerprint, step_digests
+
     r = open_store_reader(store)
     try:
         runs = r.runs().set_index("mode")
         return {m: (run_fingerprint(r, runs.run_id[m], steps), step_digests(r, runs.run_id[m], steps)) for m in MODES}
     finally:
         r.close()
+
+
+def train_and_hash(store: Path, config: Path, seed: int, steps: int = STEPS) -> dict[str, tuple[str, dict]]:
+    """Train each mode for `steps` steps (side by side, as the demo starts them); per mode, its run's
+    fingerprint and per-step digests."""
+    train_runs(store, config, seed, steps)
+    return hash_runs(store, steps)
 
 
 def fingerprints(store: Path, config: Path, seed: int, steps: int = STEPS) -> dict[str, str]:

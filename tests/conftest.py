@@ -4,7 +4,9 @@ ATen and MKL pick their kernels when torch loads, so a test that builds a `Train
 numerics by default) needs the variables set first; processes the tests start inherit them.
 """
 
+import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,41 @@ def _aten_kernels_back_after_each_test():
     yield
     if "lld_monitor.backend.elementwise" in sys.modules:
         sys.modules["lld_monitor.backend.elementwise"].uninstall()
+
+
+# ----------------------------------------------------------------------------- the demo's two runs, trained once
+@pytest.fixture(scope="session")
+def demo_runs(tmp_path_factory):
+    """`demo_runs(steps)`: a store holding the demo's vanilla and LLDS runs (its seed and config, trained side by side
+    as `lld-monitor demo` starts them) of `steps` steps each; None: the config's 250, as the demo trains them.
+
+    A session trains them once and hands the same store to a later call for as many steps or fewer: a run's first
+    steps do not depend on how many follow (the lr warms up over 100 steps, the cosine starts after), and the spiral
+    test checks that the first 20 steps of the full runs are the golden ones. So when both run in one process (the
+    spiral test first: collection order), the golden fingerprint test reads the first 20 steps of the runs the spiral
+    test trained to the end instead of training 20 steps again."""
+    import json
+
+    from lld_monitor.commands.demo import DEMO_SEED, SPIRAL_CONFIG
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("golden_fingerprint", root / "scripts" / "golden_fingerprint.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    full = json.loads(SPIRAL_CONFIG.read_text())["steps"]
+    trained: list[tuple[int, Path]] = []
+
+    def get(steps: int | None = None) -> Path:
+        want = full if steps is None else steps
+        for n, store in trained:
+            if n >= want:
+                return store
+        store = tmp_path_factory.mktemp("demo_runs") / "store"
+        script.train_runs(store, SPIRAL_CONFIG, DEMO_SEED, steps)
+        trained.append((want, store))
+        return store
+
+    return get
 
 
 # ----------------------------------------------------------------------------- a real S3 server (issue 38)

@@ -10,7 +10,6 @@ Slow (two full runs of the spiral setting, several CPU-minutes each); marked `sp
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,20 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 @pytest.mark.spiral
 @pytest.mark.timeout(2400)
-def test_demo_vanilla_collapses_and_llds_does_not(tmp_path):
-    from lld_monitor.commands.demo import DEMO_SEED, SPIRAL_CONFIG, trainer_command
+def test_demo_vanilla_collapses_and_llds_does_not(demo_runs):
+    from lld_monitor.commands.demo import SPIRAL_CONFIG
     from lld_monitor.detect import reward_collapse_step
     from lld_monitor.store import open_store_reader
     from lld_monitor.store.compare import run_fingerprint
 
     steps = json.loads(SPIRAL_CONFIG.read_text())["steps"]
-    store = tmp_path / "demo"
-    procs = {m: subprocess.Popen(trainer_command(m, store, None, DEMO_SEED, str(SPIRAL_CONFIG)), cwd=ROOT,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for m in ("vanilla", "llds")}
-    for m, p in procs.items():
-        _, err = p.communicate(timeout=3600)
-        assert p.returncode == 0, f"{m}: {err[-3000:]}"
+    store = demo_runs(None)  # trained here, side by side, as the demo starts its trainers (tests/conftest.py)
     r = open_store_reader(store)
     runs = r.runs().set_index("mode")
     assert set(runs.index) == {"vanilla", "llds"} and (runs.steps == steps).all(), runs

@@ -26,7 +26,9 @@ def _script():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_first_steps_of_the_demo_runs_match_the_golden_fingerprint(tmp_path):
+def test_first_steps_of_the_demo_runs_match_the_golden_fingerprint(demo_runs):
+    """Trains the demo's runs for the golden length, or reads the first steps of the runs the spiral test trained to
+    the end in this session (`demo_runs`, tests/conftest.py): the same runs, step for step."""
     from lld_monitor.commands.demo import DEMO_SEED, SPIRAL_CONFIG
 
     g = _script()
@@ -36,7 +38,7 @@ def test_first_steps_of_the_demo_runs_match_the_golden_fingerprint(tmp_path):
     assert golden["config_sha256"] == g.config_digest(SPIRAL_CONFIG) and golden["seed"] == DEMO_SEED, (
         "the demo's config or seed changed since the golden fingerprints were recorded: record them again with "
         "`scripts/golden_fingerprint.py --write` (and regenerate sample_runs/)")
-    got = g.train_and_hash(tmp_path / "store", SPIRAL_CONFIG, DEMO_SEED, golden["steps"])
+    got = g.hash_runs(demo_runs(golden["steps"]), golden["steps"])
     bad = g.mismatches(got, golden, g.load_golden_steps())
     assert not bad, "; ".join(
         f"the {mode} run's first {golden['steps']} steps differ from the golden fingerprint on {cpu!r}, first at {where} "
