@@ -5,6 +5,7 @@ numerics by default) needs the variables set first; processes the tests start in
 """
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -33,8 +34,8 @@ def demo_runs(tmp_path_factory):
     A session trains them once and hands the same store to a later call for as many steps or fewer: a run's first
     steps do not depend on how many follow (the lr warms up over 100 steps, the cosine starts after), and the spiral
     test checks that the first 20 steps of the full runs are the golden ones. So when both run in one process (the
-    spiral test first: collection order), the golden fingerprint test reads the first 20 steps of the runs the spiral
-    test trained to the end instead of training 20 steps again."""
+    spiral test first: collection order, and the `DemoRunsTogether` unit under xdist), the golden fingerprint test
+    reads the first 20 steps of the runs the spiral test trained to the end instead of training 20 steps again."""
     import json
 
     from lld_monitor.commands.demo import DEMO_SEED, SPIRAL_CONFIG
@@ -57,6 +58,43 @@ def demo_runs(tmp_path_factory):
         return store
 
     return get
+
+
+# ----------------------------------------------------------------------------- two workers (pytest-xdist)
+def pytest_collection_modifyitems(config, items):
+    """With pyproject's `-n 2 --dist loadfile` each worker runs whole files, taken in collection order. There the
+    files with a `spiral` test come first, then those with a `slow` or `browser` test, then the rest (alphabetical
+    within each; a file's own order unchanged): the demo's two 250-step trainings start at once and the other
+    worker runs the rest beside them, the long files are handed out before the short ones that fill the end.
+    A run in one process (`-n 0`) keeps pytest's order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank: dict[str, int] = {}
+    for item in items:
+        r = 0 if item.get_closest_marker("spiral") else 1 if (
+            item.get_closest_marker("slow") or item.get_closest_marker("browser")) else 2
+        f = item.nodeid.split("::", 1)[0]
+        rank[f] = min(rank.get(f, 2), r)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])  # stable: a file's tests keep their order
+
+
+DEMO_RUN_FILES = ("tests/test_demo_spiral.py", "tests/test_golden_fingerprint.py")
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, except that the two files of the demo's runs are one unit of work: the worker that trains
+    them to the end for the spiral test also checks their first steps against the golden fingerprint (`demo_runs`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class DemoRunsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            f = super()._split_scope(nodeid)
+            return DEMO_RUN_FILES[0] if f in DEMO_RUN_FILES else f
+
+    return DemoRunsTogether(config, log)
 
 
 # ----------------------------------------------------------------------------- a real S3 server (issue 38)
