@@ -103,7 +103,7 @@ def detector_features(det: Any) -> dict[str, float]:
         # steps until the smoothed reward reaches the collapse line (collapse_frac x its peak) at its recent trend
         x, y = rtr.last(LINE_WINDOW)
         if np.ptp(x) > 0:
-            slope = theil_sen(x, y, sigma_floor=1e-6).slope
+            slope = theil_sen(x, y, autocorr=False).slope  # the slope only (autocorr and sigma change z alone)
             gap = rc.smoothed - c.collapse_frac * rc.peak
             f["steps_to_line"] = math.log1p(_clip(gap / -slope if slope < 0 else LINE_MAX_STEPS, 0.0, LINE_MAX_STEPS))
     llt = det._ll_trend()
