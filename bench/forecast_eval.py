@@ -104,13 +104,28 @@ class Candidate:
     l2: float
     scores: ff.Scores
     constant: ff.Scores
-    met: int  # of the four targets (phase rule aside: it needs a second fit per fold)
+    met: int  # of the targets `target_checks` judges without the phase rule
 
     def row(self) -> str:
         s = self.scores
         fa = sum(v >= THRESHOLD for v in s.max_p_no_collapse.values())
         return (f"| {self.features} | {self.l2:g} | {s.brier:.4f} | {s.brier / self.constant.brier:.2f} | "
                 f"{s.ece:.3f} | {_lead(s.median_lead)} | {fa} of {len(s.max_p_no_collapse)} | {self.met} |")
+
+
+def target_checks(m: ff.Scores, constant: ff.Scores, phase: ff.Scores | None = None) -> list[tuple[str, bool]]:
+    """The pre-registered targets of the all-signals model; the phase rule's only where its scores are given (the
+    cross-validation of a candidate has none: it would need a second fit per fold)."""
+    healthy = max(m.max_p_no_collapse.values(), default=0.0)
+    return [("Brier <= 0.7 x constant", m.brier <= 0.7 * constant.brier),
+            *([("Brier < phase rule", m.brier < phase.brier)] if phase is not None else []),
+            ("ECE <= 0.1", m.ece <= 0.1),
+            ("median lead >= 25", m.median_lead is not None and m.median_lead >= 25),
+            ("no healthy run reaches p >= 0.5", healthy < THRESHOLD)]
+
+
+def targets(j: Judged) -> list[tuple[str, bool]]:
+    return target_checks(j.model, j.constant, j.phase)
 
 
 POOLS = {"round-1 features": ROUND1_FEATURES, "round-1 features + steps_to_line": FEATURES}
@@ -120,10 +135,7 @@ def cross_validate(fit_runs: list[ff.RunSteps], inputs: str, pool: str, l2: floa
     preds = ff.kfold_predictions(fit_runs, FOLDS, lambda rs: ff.fit(rs, "cv", inputs, HORIZON, l2, POOLS[pool]))
     sc = ff.scores_of(fit_runs, preds)
     const = ff.scores_of(fit_runs, ff.constant_baseline(fit_runs, sc.base_rate))
-    healthy = max(sc.max_p_no_collapse.values(), default=0.0)
-    met = sum([sc.brier <= 0.7 * const.brier, sc.ece <= 0.1,
-               sc.median_lead is not None and sc.median_lead >= 25, healthy < THRESHOLD])
-    return Candidate(pool, l2, sc, const, met)
+    return Candidate(pool, l2, sc, const, sum(ok for _, ok in target_checks(sc, const)))
 
 
 def fit_model(fit_runs: list[ff.RunSteps], inputs: str, round_: int
@@ -153,16 +165,6 @@ def judge(model: ForecastModel, fit_runs: list[ff.RunSteps], runs: list[ff.RunSt
     fallback = float(np.nanmean(np.concatenate([r.frame["y"].to_numpy(float) for r in fit_runs])))
     return Judged(split, runs, sc, ff.scores_of(runs, ff.constant_baseline(runs, sc.base_rate)),
                   ff.scores_of(runs, ff.phase_baseline(runs, rates, fallback)))
-
-
-def targets(j: Judged) -> list[tuple[str, bool]]:
-    m = j.model
-    healthy = max(m.max_p_no_collapse.values()) if m.max_p_no_collapse else 0.0
-    return [("Brier <= 0.7 x constant", m.brier <= 0.7 * j.constant.brier),
-            ("Brier < phase rule", m.brier < j.phase.brier),
-            ("ECE <= 0.1", m.ece <= 0.1),
-            ("median lead >= 25", m.median_lead is not None and m.median_lead >= 25),
-            ("no healthy run reaches p >= 0.5", healthy < THRESHOLD)]
 
 
 def cost_per_step(runs: list[CorpusRun], model: ForecastModel, reps: int = 5) -> tuple[float, float]:
