@@ -24,8 +24,8 @@ from lld_monitor.ui.phase_bands import (
 ROLE_COLORS = {"action": "#1f77b4", "answer": "#2ca02c", "tool": "#9e9e9e"}
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 SEVERITY_ORDER = ("critical", "warning", "info")
-RAW_OPACITY = 0.25
-LEGEND_ENTRY_PX = 235  # fixed legend entry width: entries line up in columns  # the raw trace behind a smoothed line (W&B / TensorBoard convention)
+RAW_OPACITY = 0.25  # the raw trace behind a smoothed line (W&B / TensorBoard convention)
+LEGEND_ENTRY_PX = 235  # fixed legend entry width: entries line up in columns
 LIVE_SIDE_MARGINS = dict(l=60, r=50)
 """Left and right margins (px, not grown by Plotly's automargin) of Live health's signals and forecast charts, so
 that a step sits at the same x in both."""
