@@ -112,25 +112,29 @@ def _first_step_logged(store: Path | str) -> bool:
     return bool(len(demo)) and bool((demo["steps"] > 0).any())
 
 
-def _stop(proc: subprocess.Popen, name: str, timeout: float = 15.0) -> None:
-    """SIGINT first (the trainer finishes its step and closes a readable, finished run), then SIGTERM
-    (the run ends as crashed, data up to its last flush kept), then SIGKILL."""
+def _stop(procs: list[tuple[str, subprocess.Popen]], timeout: float = 15.0) -> None:
+    """SIGINT first (a trainer finishes its step and closes a readable, finished run), then SIGTERM (the run ends
+    as crashed, data up to its last flush kept), then SIGKILL; each signal goes to every process still running at
+    once, so stopping the trainers takes as long as the slowest one, not the sum of them."""
     for sig_, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
-        if proc.poll() is not None:
+        live = [(name, p) for name, p in procs if p.poll() is None]
+        if not live:
             return
-        if sig_ is signal.SIGINT:
-            log.info("stopping %s (pid %d)", name, proc.pid)
-        else:
-            log.warning("%s did not stop; sending %s", name, sig_.name)
-        try:
-            os.killpg(proc.pid, sig_)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        for name, p in live:
+            if sig_ is signal.SIGINT:
+                log.info("stopping %s (pid %d)", name, p.pid)
+            else:
+                log.warning("%s did not stop; sending %s", name, sig_.name)
+            try:
+                os.killpg(p.pid, sig_)
+            except ProcessLookupError:
+                pass
+        deadline = None if wait is None else time.monotonic() + wait
+        for _, p in live:
+            try:
+                p.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,8 +217,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("Ctrl-C: stopping the demo (the store %s is kept)", store)
         return 0
     finally:
-        for name, p in children:
-            _stop(p, name)
+        _stop(children)
         if server is not None:
             serve.stop_server(server)
         signal.signal(signal.SIGTERM, old)
